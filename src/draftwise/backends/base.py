@@ -1,0 +1,83 @@
+"""The small protocol every model backend implements (target and draft alike).
+
+State model: the backend holds committed KV rows for `cached_len` tokens.  A speculative
+round calls `verify(pending, round_)`, which evaluates the pending token (at position
+`cached_len`) plus every candidate row in ONE forward pass and returns their logits; those
+rows are provisional until `commit(accepted_rows)` makes the pending row and the accepted
+path authoritative and drops every other row, or `rollback()` drops them all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from draftwise.topology.compile import CompiledRound
+from draftwise.verify.base import TargetLogits
+
+
+class BackendError(RuntimeError):
+    """A backend refused an operation (context overflow, budget exceeded, bad state)."""
+
+
+class ContextOverflow(BackendError):
+    """The tokens would not fit the model's context window."""
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    name: str  # "transformers" or "llamacpp"
+    checkpoint: str  # file or directory the weights came from, with its hash where known
+    tokenizer_hash: str
+    vocab_size: int
+    context_length: int
+    dtype: str
+    device: str
+    eos_token_ids: frozenset[int]
+    hidden_states: bool = False  # can expose hidden states (heads, adapters)
+    max_verify_rows: int = 1 << 30  # largest 1 + N a single verify accepts
+
+
+class Backend(Protocol):
+    info: BackendInfo
+
+    @property
+    def cached_len(self) -> int: ...
+
+    def reset(self) -> None:
+        """Drop every KV row."""
+
+    def extend(self, tokens: Sequence[int]) -> TargetLogits:
+        """Commit KV rows for `tokens` (appended after cached_len); return logits of the LAST token as row 0."""
+
+    def verify(self, pending: int, round_: CompiledRound | None) -> TargetLogits:
+        """Provisionally evaluate pending + candidate rows; logits row 0 = pending, row r + 1 = candidate r."""
+
+    def commit(self, accepted_rows: Sequence[int]) -> None:
+        """Keep the pending row and the accepted candidate rows (one root-to-node path); drop the rest."""
+
+    def rollback(self) -> None:
+        """Drop every provisional row of the last verify (pending included)."""
+
+    def truncate(self, length: int) -> None:
+        """Drop committed rows beyond `length` (draft models re-sync after a rejection)."""
+
+    def kv_bytes(self) -> int:
+        """Bytes held by the KV cache now (committed and provisional)."""
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
+
+    def detokenize(self, tokens: Sequence[int]) -> str: ...
+
+    def chat_prompt(self, messages: Sequence[dict]) -> list[int]:
+        """Token ids of the model's chat template applied to `messages`, with the assistant turn opened."""
+
+
+def check_fits(info: BackendInfo, prompt_tokens: int, max_new_tokens: int) -> None:
+    """Refuse, before any generation, a request that cannot fit the context window."""
+    need = prompt_tokens + max_new_tokens
+    if need > info.context_length:
+        raise ContextOverflow(
+            f"prompt ({prompt_tokens} tokens) plus max_new_tokens ({max_new_tokens}) needs {need} positions, "
+            f"but {info.checkpoint} has a context of {info.context_length}; shorten the prompt or lower max_new_tokens"
+        )

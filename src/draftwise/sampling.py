@@ -1,0 +1,75 @@
+"""One sampling policy, applied identically to the target's p and to any proposal q.
+
+"Exact" in draftwise means: the emitted sequence has the distribution of sampling the
+target alone under this policy.  Temperature 0 is greedy: the distribution is one-hot at
+the first argmax, so every exact verifier reduces to greedy match.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+class PolicyError(ValueError):
+    """An invalid sampling parameter."""
+
+
+@dataclass(frozen=True)
+class SamplingPolicy:
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = no top-k cut
+    top_p: float = 1.0  # 1.0 = no nucleus cut
+
+    def __post_init__(self) -> None:
+        if not np.isfinite(self.temperature) or self.temperature < 0:
+            raise PolicyError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise PolicyError(f"top-k must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise PolicyError(f"top-p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def probs(self, logits: np.ndarray) -> np.ndarray:
+        """Policy distribution over the last axis. logits [..., V] -> float64 probs [..., V]."""
+        logits = np.asarray(logits, dtype=np.float64)
+        if self.greedy:
+            out = np.zeros_like(logits)
+            np.put_along_axis(out, logits.argmax(axis=-1)[..., None], 1.0, axis=-1)
+            return out
+        scaled = logits / self.temperature
+        if self.top_k and self.top_k < scaled.shape[-1]:
+            kth = np.partition(scaled, -self.top_k, axis=-1)[..., -self.top_k, None]
+            scaled = np.where(scaled < kth, -np.inf, scaled)
+        scaled = scaled - scaled.max(axis=-1, keepdims=True)
+        probs = np.exp(scaled)
+        probs /= probs.sum(axis=-1, keepdims=True)
+        if self.top_p < 1.0:
+            probs = _nucleus(probs, self.top_p)
+        return probs
+
+
+def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p (ties by id)."""
+    order = np.argsort(-probs, axis=-1, kind="stable")
+    sorted_probs = np.take_along_axis(probs, order, axis=-1)
+    cumulative = np.cumsum(sorted_probs, axis=-1)
+    keep_sorted = (cumulative - sorted_probs) < top_p  # the token that crosses top_p is kept
+    keep = np.zeros_like(keep_sorted)
+    np.put_along_axis(keep, order, keep_sorted, axis=-1)
+    probs = np.where(keep, probs, 0.0)
+    return probs / probs.sum(axis=-1, keepdims=True)
+
+
+def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """Draw one token id from a normalized distribution [V] with an explicit generator."""
+    cumulative = np.cumsum(probs)
+    u = rng.random() * cumulative[-1]
+    return int(min(np.searchsorted(cumulative, u, side="right"), len(probs) - 1))

@@ -1,0 +1,42 @@
+"""Target-sample membership: sample the target under the policy at the current node and
+descend while a child carries the sample.  Needs no q, so it is exact for any proposer and
+any sampling policy: every emitted token is a plain target sample."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from draftwise.contracts import TopologyKind
+from draftwise.sampling import SamplingPolicy, sample
+from draftwise.topology.compile import CompiledRound
+from draftwise.verify.base import (
+    ALL_RELATIONS,
+    ALL_SEMANTICS,
+    Selection,
+    TargetLogits,
+    VerifierCapabilities,
+    child_with_token,
+)
+
+
+class MembershipVerifier:
+    capabilities = VerifierCapabilities(
+        name="membership", semantics=ALL_SEMANTICS, relations=ALL_RELATIONS,
+        topologies=frozenset({TopologyKind.SEQUENCE, TopologyKind.SET, TopologyKind.TREE,
+                              TopologyKind.METADATA_GRAPH}),
+        exact=True,
+    )
+
+    def select(
+        self, round_: CompiledRound, target: TargetLogits, policy: SamplingPolicy, rng: np.random.Generator
+    ) -> Selection:
+        accepted: list[int] = []
+        row = -1
+        best = target.argmax() if policy.greedy else None  # argmax is the whole policy at T = 0
+        while True:
+            token = int(best[row + 1]) if best is not None else sample(target.probs(row + 1, policy), rng)
+            child = child_with_token(round_, row, token)
+            if child is None:
+                return Selection(tuple(accepted), token)
+            accepted.append(child)
+            row = child
