@@ -1,0 +1,114 @@
+"""Verification cost profile: how long the target takes to verify n rows at once.
+
+The numbers are measured elsewhere (timing a backend); this module only holds, checks,
+stores and interpolates them.  `n` is the number of rows in one verification call, which
+for a tree is its node count *including* the root (pending token), the same `n` as in
+`sequoia_dp`.  `relative[i]` is in units of one plain decoding step (t(1) = 1 when n = 1 was
+measured), so that G / t(n) is directly a speedup over decoding without speculation.
+
+Interpolation is piecewise linear in n over the *monotone envelope* of the medians (the
+running maximum): verifying more rows never costs less, and a noisy dip in the medians must
+not lure the optimizer into a tree that is cheap only by measurement error.  The raw medians
+are kept as measured.  Row counts outside the measured range are refused, not extrapolated.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from draftwise.artifacts import Manifest, read_manifest, write_manifest
+
+ARTIFACT_KIND = "verify_profile"
+DATA_FILE = "verify_profile.json"
+
+
+@dataclass(frozen=True)
+class VerifyCostProfile:
+    """Median verification time per row count, relative (plain step = 1) and absolute (s)."""
+
+    rows: tuple[int, ...]  # [K] measured row counts, strictly increasing
+    relative: tuple[float, ...]  # [K] median t(n) in plain-decoding steps
+    absolute_s: tuple[float, ...] | None  # [K] median seconds, None for a hand-written profile
+    model: str
+    backend: str
+    threads: int
+    machine: str
+    provenance: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.rows or len(self.rows) != len(self.relative):
+            raise ValueError("rows and relative must be non-empty and of the same length")
+        if self.absolute_s is not None and len(self.absolute_s) != len(self.rows):
+            raise ValueError("absolute_s must have one median per row count")
+        if self.rows[0] < 1 or any(b <= a for a, b in zip(self.rows, self.rows[1:])):
+            raise ValueError(f"row counts must be >= 1 and strictly increasing, got {self.rows}")
+        values = list(self.relative) + list(self.absolute_s or ())
+        if not all(np.isfinite(v) and v > 0 for v in values):
+            raise ValueError("verification times must be finite and positive")
+
+    @classmethod
+    def from_absolute(
+        cls, rows: Sequence[int], absolute_s: Sequence[float], *, model: str, backend: str,
+        threads: int, machine: str, provenance: Mapping[str, Any] | None = None,
+    ) -> "VerifyCostProfile":
+        """Medians in seconds -> profile with relative = t(n) / t(1); n = 1 must be measured."""
+        order = np.argsort(rows)
+        rows_sorted = tuple(int(rows[i]) for i in order)
+        secs = tuple(float(absolute_s[i]) for i in order)
+        if rows_sorted[0] != 1:
+            raise ValueError("relative times are in plain-decoding steps: measure n = 1 too")
+        return cls(rows=rows_sorted, relative=tuple(s / secs[0] for s in secs), absolute_s=secs,
+                   model=model, backend=backend, threads=int(threads), machine=machine,
+                   provenance=dict(provenance or {}))
+
+    @property
+    def max_rows(self) -> int:
+        return self.rows[-1]
+
+    def _interpolate(self, n: float, medians: Sequence[float]) -> float:
+        if not self.rows[0] <= n <= self.rows[-1]:
+            raise ValueError(f"no verification time for n = {n}: measured {self.rows[0]}..{self.rows[-1]} only")
+        envelope = np.maximum.accumulate(np.asarray(medians, dtype=np.float64))  # [K]
+        return float(np.interp(n, np.asarray(self.rows, dtype=np.float64), envelope))
+
+    def relative_at(self, n: float) -> float:
+        """t(n) in plain-decoding steps; pass this as `profile_t` to `select.optimize_tree`."""
+        return self._interpolate(n, self.relative)
+
+    def absolute_at(self, n: float) -> float:
+        if self.absolute_s is None:
+            raise ValueError("this profile has no absolute times")
+        return self._interpolate(n, self.absolute_s)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rows": self.rows, "relative": self.relative, "absolute_s": self.absolute_s,
+                "model": self.model, "backend": self.backend, "threads": self.threads,
+                "machine": self.machine}
+
+    def save(self, directory: Path) -> Manifest:
+        """Write an artifact directory (kind "verify_profile"); return its manifest."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        body = self.to_json()
+        (directory / DATA_FILE).write_text(json.dumps(body, indent=1) + "\n")
+        meta = {k: body[k] for k in ("model", "backend", "threads", "machine")}
+        return write_manifest(directory, ARTIFACT_KIND, {**dict(self.provenance), **meta})
+
+    @classmethod
+    def load(cls, directory: Path) -> "VerifyCostProfile":
+        """Read and verify a verify_profile artifact (checksums re-checked)."""
+        manifest = read_manifest(directory, kind=ARTIFACT_KIND)
+        body = json.loads((Path(directory) / DATA_FILE).read_text())
+        absolute = body.get("absolute_s")
+        return cls(
+            rows=tuple(int(n) for n in body["rows"]),
+            relative=tuple(float(v) for v in body["relative"]),
+            absolute_s=None if absolute is None else tuple(float(v) for v in absolute),
+            model=body["model"], backend=body["backend"], threads=int(body["threads"]),
+            machine=body["machine"], provenance=dict(manifest.provenance),
+        )

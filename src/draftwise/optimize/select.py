@@ -1,0 +1,153 @@
+"""Hardware-aware tree selection: pick (n, d) by predicted time per committed token.
+
+Cost model (one round, in plain-decoding steps, so t(1) = 1 is one ordinary decode step):
+    time(n, d)     = t(n) + d * c      t(n): verify n rows (root included); c: one draft step
+    time per token = time(n, d) / G(n, d)
+    speedup        = G(n, d) / time(n, d)   (over plain decoding, which commits 1 token per t(1))
+G(n, d) is Sequoia's optimum (`sequoia_dp`): expected tokens committed per round.  A longer
+acceptance length is worth nothing if verification and drafting eat it: the round cost, not
+G alone, decides, which is why every grid point is kept for plotting.
+
+Ties (equal time per token) go to the smaller n, then the smaller d: the cheaper tree to
+compile and verify.  With c > 0 the chosen tree's depth therefore equals the chosen d.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from draftwise.artifacts import ArtifactError, Manifest, read_manifest, stable_hash, write_manifest
+from draftwise.optimize.sequoia_dp import Paths, solve, validate_paths
+
+ARTIFACT_KIND = "tree"
+DATA_FILE = "tree.json"
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One (n, d) considered; the numbers are None where no tree of n nodes and depth <= d fits."""
+
+    n: int
+    d: int
+    expected_tokens: float | None
+    time: float | None
+    time_per_token: float | None
+    speedup: float | None
+
+
+@dataclass(frozen=True)
+class TreeChoice:
+    n: int  # nodes including the root: rows per verification
+    d: int  # depth = draft steps
+    expected_tokens: float  # G
+    time_per_token: float  # (t(n) + d c) / G, plain-decoding steps per committed token
+    speedup: float  # G / (t(n) + d c)
+    paths: Paths  # Medusa/vLLM slot paths, root excluded, parent before child
+    draft_cost: float  # c used
+    grid: tuple[GridPoint, ...]  # every (n, d) considered, row-major in n then d
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> "TreeChoice":
+        return cls(
+            n=int(body["n"]), d=int(body["d"]), expected_tokens=float(body["expected_tokens"]),
+            time_per_token=float(body["time_per_token"]), speedup=float(body["speedup"]),
+            paths=validate_paths(body["paths"]), draft_cost=float(body["draft_cost"]),
+            grid=tuple(GridPoint(**point) for point in body["grid"]),
+        )
+
+
+def optimize_tree(
+    p: Sequence[float] | Sequence[Sequence[float]] | np.ndarray,
+    profile_t: Callable[[int], float],
+    c: float,
+    n_range: Iterable[int],
+    d_max: int,
+) -> TreeChoice:
+    """Search n in n_range (root included) and d in 0..d_max for the least time per token.
+
+    p: positional acceptance [W] or [D, W]; profile_t(n): verification time of n rows in
+    plain-decoding steps (e.g. `VerifyCostProfile.relative_at`); c: one draft step, same unit.
+    """
+    ns = sorted({int(n) for n in n_range})
+    if not ns or ns[0] < 1:
+        raise ValueError(f"n_range must hold node counts >= 1 (the root counts), got {ns}")
+    if not np.isfinite(c) or c < 0:
+        raise ValueError(f"draft cost c must be finite and >= 0, got {c}")
+    table = solve(p, ns[-1], d_max)
+    grid: list[GridPoint] = []
+    for n in ns:
+        t_n = float(profile_t(n))
+        if not np.isfinite(t_n) or t_n <= 0:
+            raise ValueError(f"profile_t({n}) = {t_n}: verification time must be positive")
+        for d in range(d_max + 1):
+            if not table.feasible(n, d):
+                grid.append(GridPoint(n, d, None, None, None, None))
+                continue
+            g, time = table.value(n, d), t_n + d * c
+            grid.append(GridPoint(n, d, g, time, time / g, g / time))
+    feasible = [pt for pt in grid if pt.expected_tokens is not None]
+    if not feasible:
+        raise ValueError(f"no tree fits n in {ns}, depth <= {d_max} and the slot width of p")
+    best = min(feasible, key=lambda pt: (pt.time_per_token, pt.n, pt.d))
+    return TreeChoice(
+        n=best.n, d=best.d, expected_tokens=best.expected_tokens, time_per_token=best.time_per_token,
+        speedup=best.speedup, paths=table.paths(best.n, best.d), draft_cost=float(c), grid=tuple(grid),
+    )
+
+
+@dataclass(frozen=True)
+class TreeArtifact:
+    """A loaded tree artifact and what it was optimized against."""
+
+    choice: TreeChoice
+    acceptance_manifest_hash: str
+    hardware_manifest_hash: str
+    policy: Mapping[str, Any]
+    manifest_hash: str
+
+
+def save_tree_artifact(
+    directory: Path, choice: TreeChoice, acceptance_manifest_hash: str,
+    hardware_manifest_hash: str, policy: Mapping[str, Any],
+) -> Manifest:
+    """Write kind "tree": the manifest hash binds topology, acceptance, hardware and policy."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / DATA_FILE).write_text(json.dumps(choice.to_json(), indent=1) + "\n")
+    provenance = {
+        "topology_hash": stable_hash([list(path) for path in choice.paths]),
+        "acceptance_manifest": acceptance_manifest_hash,
+        "hardware_manifest": hardware_manifest_hash,
+        "policy": dict(policy),
+        "n": choice.n,
+        "d": choice.d,
+    }
+    return write_manifest(directory, ARTIFACT_KIND, provenance)
+
+
+def load_tree_artifact(
+    directory: Path, *, acceptance_manifest_hash: str | None = None, hardware_manifest_hash: str | None = None,
+) -> TreeArtifact:
+    """Read and verify a tree artifact; if expected input hashes are given, a mismatch is an error."""
+    manifest = read_manifest(directory, kind=ARTIFACT_KIND)
+    choice = TreeChoice.from_json(json.loads((Path(directory) / DATA_FILE).read_text()))
+    prov = manifest.provenance
+    if prov.get("topology_hash") != stable_hash([list(path) for path in choice.paths]):
+        raise ArtifactError(f"{directory}: the tree's paths do not match its recorded topology hash")
+    for label, expected, key in (("acceptance", acceptance_manifest_hash, "acceptance_manifest"),
+                                 ("hardware", hardware_manifest_hash, "hardware_manifest")):
+        if expected is not None and prov.get(key) != expected:
+            raise ArtifactError(
+                f"{directory} was optimized for {label} artifact {str(prov.get(key))[:12]}…, not {expected[:12]}…"
+            )
+    return TreeArtifact(choice=choice, acceptance_manifest_hash=prov["acceptance_manifest"],
+                        hardware_manifest_hash=prov["hardware_manifest"], policy=dict(prov["policy"]),
+                        manifest_hash=manifest.hash)
