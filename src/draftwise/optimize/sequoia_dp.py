@@ -139,6 +139,8 @@ def _solve_depth_bound(matrix: np.ndarray, n_max: int, bound: int) -> _DepthBoun
             better = exact > best[a]
             best[a] = np.where(better, exact, best[a])
             branch[a] = np.where(better, b, branch[a])
+    for arr in (best, branch, split):
+        arr.flags.writeable = False  # the table is shared by every reconstruction
     return _DepthBoundTables(best=best, branch=branch, split=split)
 
 
