@@ -1,1 +1,9 @@
+"""Exhaustive oracles: exact checks of the verifiers' math, run by `draftwise oracle`.
 
+Importing this package imports every oracle module, which registers its oracles.
+"""
+
+from draftwise.oracles import multi_candidate  # noqa: F401  (registers on import)
+from draftwise.oracles.registry import ORACLES, OracleResult, register, run_all
+
+__all__ = ["ORACLES", "OracleResult", "register", "run_all"]
