@@ -196,3 +196,14 @@ def test_tampered_tree_refused(tmp_path):
     write_manifest(directory, "tree", old.provenance)
     with pytest.raises(ArtifactError, match="topology"):
         load_tree_artifact(directory)
+
+
+def test_registered_optimizer_oracles_pass():
+    from draftwise.oracles import ORACLES
+    from draftwise.oracles.hardware_tree import hardware_tree_toy, sequoia_dp_brute_force
+
+    assert hardware_tree_toy in ORACLES and sequoia_dp_brute_force in ORACLES
+    for oracle in (hardware_tree_toy, sequoia_dp_brute_force):
+        result = oracle()
+        assert result.passed, result
+    assert hardware_tree_toy().computed == pytest.approx(3.49588976, abs=1e-12)

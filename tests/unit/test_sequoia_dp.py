@@ -132,3 +132,13 @@ def test_solve_refuses_bad_p_and_budget():
         solve([0.82, 0.48, 0.24], 5, 3)  # conditional rates, sum > 1
     with pytest.raises(ValueError):
         solve(TOY_P, 0, 3)
+
+
+def test_dp_paths_are_canonical_templates():
+    """The engine compiles trees through topology.templates: DP output must already be canonical."""
+    from draftwise.topology.templates import from_paths
+
+    table = solve(P_VECTORS["flat"], 30, 6)
+    for n, d in [(2, 1), (7, 3), (30, 6), (12, 2)]:
+        paths = table.paths(n, d)
+        assert from_paths(paths) == paths
