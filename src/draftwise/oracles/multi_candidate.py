@@ -35,7 +35,7 @@ from draftwise.topology.compile import CompiledRound, TreeLimits, compile_round
 from draftwise.topology.templates import Template, max_depth, slots_by_parent
 from draftwise.verify.base import NumpyLogits, Selection, TargetLogits
 from draftwise.verify.rejection import accept_probability, residual
-from draftwise.verify.sequoia import SequoiaVerifier, sequoia_node, without_replacement_q
+from draftwise.verify.sequoia import SequoiaVerifier, without_replacement_q
 from draftwise.verify.specinfer import NodeDecision, Pick, SpecInferVerifier, specinfer_node
 from draftwise.verify.spectr import SpecTrVerifier, spectr_node
 

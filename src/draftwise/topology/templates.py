@@ -107,6 +107,8 @@ def parse_template(spec: str) -> Template:
     kind, sep, args = text.partition(":")
     if not sep:
         raise ValueError(f"tree template {spec!r}: expected 'chain:K', 'cartesian:B1,B2,..', 'wbd:W1,W2,..' or JSON")
+    if kind not in ("chain", "cartesian", "wbd"):
+        raise ValueError(f"tree template {spec!r}: unknown kind {kind!r} (chain, cartesian, wbd, or JSON)")
     try:
         numbers = [int(a) for a in args.split(",")]
     except ValueError as err:
@@ -117,9 +119,7 @@ def parse_template(spec: str) -> Template:
         return chain(numbers[0])
     if kind == "cartesian":
         return cartesian(numbers)
-    if kind == "wbd":
-        return width_by_depth(numbers)
-    raise ValueError(f"tree template {spec!r}: unknown kind {kind!r} (chain, cartesian, wbd, or JSON)")
+    return width_by_depth(numbers)
 
 
 def _positive(values: Sequence[int], what: str) -> list[int]:
