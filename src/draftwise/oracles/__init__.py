@@ -3,7 +3,7 @@
 Importing this package imports every oracle module, which registers its oracles.
 """
 
-from draftwise.oracles import multi_candidate  # noqa: F401  (registers on import)
+from draftwise.oracles import hardware_tree, multi_candidate  # noqa: F401  (register on import)
 from draftwise.oracles.registry import ORACLES, OracleResult, register, run_all
 
 __all__ = ["ORACLES", "OracleResult", "register", "run_all"]
