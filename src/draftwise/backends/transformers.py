@@ -1,0 +1,246 @@
+"""PyTorch / transformers backend: tree verification through the public model call.
+
+A round is ONE forward pass over [pending, candidate rows] with explicit position ids and
+an additive 4D attention mask [1, 1, 1 + N, T + 1 + N] (every committed column visible,
+candidate columns visible only for self and ancestors), on the model's own DynamicCache.
+No modeling code is copied or patched.  `commit` gathers the accepted rows of every layer's
+cache next to the pending row and crops the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from draftwise.artifacts import read_manifest, write_manifest
+from draftwise.backends.base import BackendError, BackendInfo
+from draftwise.models import ResolvedModel, cache_dir
+from draftwise.sampling import SamplingPolicy
+from draftwise.topology.compile import CompiledRound
+
+
+def tokenizer_fingerprint(token_strings: Sequence[str]) -> str:
+    """sha256 of the vocabulary in id order: equal for the same tokenizer on every backend."""
+    digest = hashlib.sha256()
+    for text in token_strings:
+        digest.update(text.encode("utf-8", "surrogatepass"))
+        digest.update(b"\x00")
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True, eq=False)
+class TorchLogits:
+    """TargetLogits over a device tensor [1 + N, V]; only what a verifier asks for is copied."""
+
+    logits: torch.Tensor
+
+    def argmax(self) -> np.ndarray:
+        return self.logits.argmax(dim=-1).cpu().numpy()
+
+    def probs(self, row: int, policy: SamplingPolicy) -> np.ndarray:
+        return policy.probs(self.logits[row].float().cpu().numpy())
+
+
+class TransformersBackend:
+    def __init__(self, model, tokenizer, info: BackendInfo) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.info = info
+        self.device = torch.device(info.device)
+        self._cache = None
+        self._committed = 0  # KV rows that are authoritative
+        self._pending_rows = 0  # provisional rows appended by the last verify (pending included)
+
+    # ---- loading -------------------------------------------------------------------------
+    @classmethod
+    def load(cls, model: ResolvedModel, device: str = "cpu", dtype: str = "float32", progress=None) -> "TransformersBackend":
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        source = _converted_dir(model, progress) if model.kind == "gguf" else model.path
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+            net = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype), local_files_only=True)
+        except OSError as exc:
+            raise BackendError(
+                f"cannot load {model.path!r} offline ({exc.__class__.__name__}); these machines reach no model hub: "
+                "download the model elsewhere and pass its local directory or .gguf file"
+            ) from exc
+        net.to(device).eval()
+        eos = {tokenizer.eos_token_id} | set(_as_list(getattr(net.generation_config, "eos_token_id", None)))
+        info = BackendInfo(
+            name="transformers",
+            checkpoint=model.checkpoint_id,
+            tokenizer_hash=tokenizer_hash_of(tokenizer),
+            vocab_size=int(net.config.vocab_size),
+            context_length=int(getattr(net.config, "max_position_embeddings", 2048)),
+            dtype=dtype,
+            device=device,
+            eos_token_ids=frozenset(int(e) for e in eos if e is not None),
+            hidden_states=True,
+        )
+        return cls(net, tokenizer, info)
+
+    # ---- state ---------------------------------------------------------------------------
+    @property
+    def cached_len(self) -> int:
+        return self._committed
+
+    def reset(self) -> None:
+        from transformers import DynamicCache
+
+        self._cache = DynamicCache(config=self.model.config)
+        self._committed = 0
+        self._pending_rows = 0
+
+    def _forward(self, ids: list[int], positions: torch.Tensor | None, mask: torch.Tensor | None, keep_last: bool):
+        if self._cache is None:
+            self.reset()
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, R]
+        kwargs = {"logits_to_keep": 1} if keep_last else {}
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=positions,
+                attention_mask=mask,
+                past_key_values=self._cache,
+                use_cache=True,
+                **kwargs,
+            )
+        return out.logits[0]  # [R or 1, V]
+
+    def extend(self, tokens: Sequence[int]) -> TorchLogits:
+        if self._pending_rows:
+            raise BackendError("extend() while a verify is provisional; commit or roll back first")
+        if not tokens:
+            raise BackendError("extend() needs at least one token")
+        start = self._committed
+        positions = torch.arange(start, start + len(tokens), device=self.device)[None]  # [1, R]
+        logits = self._forward(list(tokens), positions, None, keep_last=True)
+        self._committed += len(tokens)
+        return TorchLogits(logits[-1:])
+
+    def verify(self, pending: int, round_: CompiledRound | None) -> TorchLogits:
+        if self._pending_rows:
+            raise BackendError("verify() while a previous verify is provisional; commit or roll back first")
+        n = 0 if round_ is None else round_.n
+        if 1 + n > self.info.max_verify_rows:
+            raise BackendError(f"round of {1 + n} rows exceeds this backend's limit of {self.info.max_verify_rows}")
+        t = self._committed
+        ids = [int(pending)] + ([] if round_ is None else round_.token_ids.tolist())
+        if round_ is None or _is_chain(round_):
+            positions = torch.arange(t, t + 1 + n, device=self.device)[None]  # causal default mask is right
+            mask = None
+        else:
+            positions = torch.from_numpy(np.concatenate([[t], round_.position_ids])).to(self.device)[None]
+            mask = self._tree_mask(t, round_)
+        logits = self._forward(ids, positions, mask, keep_last=False)
+        self._pending_rows = 1 + n
+        return TorchLogits(logits)
+
+    def _tree_mask(self, t: int, round_: CompiledRound) -> torch.Tensor:
+        n = round_.n
+        dtype = self.model.dtype
+        visible = torch.zeros((1 + n, t + 1 + n), dtype=torch.bool)  # [1+N, T+1+N]
+        visible[:, : t + 1] = True  # committed prefix and the pending token
+        visible[1:, t + 1 :] = torch.from_numpy(round_.ancestor_mask)
+        mask = torch.zeros(visible.shape, dtype=dtype)
+        mask.masked_fill_(~visible, torch.finfo(dtype).min)
+        return mask[None, None].to(self.device)  # [1, 1, 1+N, T+1+N]
+
+    def commit(self, accepted_rows: Sequence[int]) -> None:
+        if not self._pending_rows:
+            raise BackendError("commit() without a provisional verify")
+        t = self._committed
+        k = len(accepted_rows)
+        if list(accepted_rows) != list(range(k)):  # not a prefix of the row order: gather first
+            src = torch.tensor([t + 1 + r for r in accepted_rows], dtype=torch.long, device=self.device)
+            for layer in self._cache.layers:
+                layer.keys[:, :, t + 1 : t + 1 + k] = layer.keys.index_select(2, src)
+                layer.values[:, :, t + 1 : t + 1 + k] = layer.values.index_select(2, src)
+        drop = self._pending_rows - 1 - k
+        if drop:
+            self._cache.crop(-drop)
+        self._committed = t + 1 + k
+        self._pending_rows = 0
+
+    def rollback(self) -> None:
+        if self._pending_rows:
+            self._cache.crop(-self._pending_rows)
+            self._pending_rows = 0
+
+    def truncate(self, length: int) -> None:
+        self.rollback()
+        if length < self._committed:
+            self._cache.crop(-(self._committed - length))
+            self._committed = length
+
+    def kv_bytes(self) -> int:
+        if self._cache is None:
+            return 0
+        return sum(l.keys.numel() * l.keys.element_size() * 2 for l in self._cache.layers if l.is_initialized)
+
+    # ---- text ----------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=add_special).input_ids)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(tokens), skip_special_tokens=False)
+
+    def chat_prompt(self, messages: Sequence[dict]) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+def _is_chain(round_: CompiledRound) -> bool:
+    return bool(np.array_equal(round_.parent, np.arange(-1, round_.n - 1)))
+
+
+def _as_list(value) -> list:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _converted_dir(model: ResolvedModel, progress=None) -> str:
+    """transformers reads GGUF metadata slowly (minutes for a 150k vocabulary), so the first
+    load converts the GGUF once into a safetensors directory keyed by the GGUF's sha256."""
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = cache_dir().parent / "hf" / f"{Path(model.path).stem}-{model.sha256[:16]}"
+    if (out / "manifest.json").is_file():
+        manifest = read_manifest(out, kind="gguf_conversion", verify=False)
+        if manifest.provenance.get("gguf_sha256") == model.sha256:
+            return str(out)
+    say = progress or (lambda message: None)
+    say(f"converting {Path(model.path).name} for transformers (once; cached in {out})")
+    folder, name = str(Path(model.path).parent), Path(model.path).name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    net = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    out.mkdir(parents=True, exist_ok=True)
+    config = net.config.to_dict()
+    config.pop("quantization_config", None)  # the weights are stored dequantized
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    net.generation_config.save_pretrained(out)
+    save_model(net, str(out / "model.safetensors"))
+    tokenizer.save_pretrained(out)
+    write_manifest(out, "gguf_conversion", {"gguf": model.path, "gguf_sha256": model.sha256, "dtype": "float32"})
+    return str(out)
+
+
+def load_tokenizer(model: ResolvedModel, progress=None):
+    """The model's transformers tokenizer alone (GGUF models are converted once, then cached)."""
+    from transformers import AutoTokenizer
+
+    source = _converted_dir(model, progress) if model.kind == "gguf" else model.path
+    return AutoTokenizer.from_pretrained(source, local_files_only=True)
+
+
+def tokenizer_hash_of(tokenizer) -> str:
+    return tokenizer_fingerprint(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))
