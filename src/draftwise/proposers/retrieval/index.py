@@ -134,7 +134,7 @@ def build_index(
                 for batch in _batches(read_documents(source)):
                     _add_batch(batch, encoder, exclusion, writer, counts[source.spec])
                     if bar:
-                        bar.advance(task, sum(len(d.text) for d in batch))
+                        bar.advance(task, sum(d.size for d in batch))
         writer.close()
         tokenized = time.perf_counter()
         report = _finish(staging.path, writer, _provenance(encoder, sources, snapshots, counts, exclusion, config),

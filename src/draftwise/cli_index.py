@@ -1,0 +1,104 @@
+"""`draftwise index ...`: build, describe and verify REST retrieval datastores.
+
+A typer sub-app; the main CLI mounts it with `app.add_typer(index_app, name="index")`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from draftwise.artifacts import ArtifactError
+from draftwise.proposers.retrieval.corpus import DEFAULT_SUFFIXES, CorpusError, load_encoder, resolve_source
+from draftwise.proposers.retrieval.exclusion import NGRAM, NgramFilter, load_eval_set
+from draftwise.proposers.retrieval.index import build_index, index_info, verify_index
+from draftwise.proposers.retrieval.query import QueryConfig
+
+index_app = typer.Typer(help="REST retrieval datastores: build, info, verify.", no_args_is_help=True)
+_DEFAULT = QueryConfig()
+
+
+def _fail(console: Console, message: str) -> None:
+    console.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(1)
+
+
+@index_app.command()
+def build(
+    corpus: List[str] = typer.Option(..., "--corpus", help="file, directory tree, .jsonl, ShareGPT .json, or 'sharegpt'"),
+    target: str = typer.Option(..., "--target", help="target model: its tokenizer tokenizes the corpus"),
+    out: Path = typer.Option(..., "--out", help="index directory to create"),
+    exclude: List[str] = typer.Option([], "--exclude", help="'humaneval' or a Spec-Bench-format JSONL"),
+    suffix: List[str] = typer.Option(list(DEFAULT_SUFFIXES), "--suffix", help="file suffixes read from directories"),
+    text_field: str = typer.Option("text", help="JSONL field holding the text"),
+    max_suffix: int = typer.Option(_DEFAULT.max_suffix, help="longest context suffix a query tries"),
+    min_suffix: int = typer.Option(_DEFAULT.min_suffix, help="shortest context suffix a query accepts"),
+    max_matches: int = typer.Option(_DEFAULT.max_matches, help="continuations retrieved per query"),
+    continuation_length: int = typer.Option(_DEFAULT.continuation_length, help="tokens per continuation"),
+    ngram: int = typer.Option(NGRAM, help="exclusion n-gram length in target tokens"),
+    force: bool = typer.Option(False, "--force", help="replace an existing index at --out"),
+) -> None:
+    """Tokenize corpora with the target's tokenizer and build a suffix-array index."""
+    console = Console(stderr=True)
+    try:
+        config = QueryConfig(max_suffix, min_suffix, max_matches, continuation_length)
+        sources = [resolve_source(c, text_field, suffix) for c in corpus]
+        eval_sets = [load_eval_set(e) for e in exclude]
+        console.print(f"loading the tokenizer of {target}")
+        encoder = load_encoder(target)
+        exclusion = NgramFilter.from_eval_sets(eval_sets, encoder, ngram) if eval_sets else None
+        report = build_index(sources, encoder, out, exclusion, config, overwrite=force)
+    except (CorpusError, ArtifactError, ValueError) as exc:
+        _fail(console, str(exc))
+    console.print(
+        f"{report.directory}: {report.tokens:,} tokens in {report.documents:,} documents "
+        f"({report.excluded:,} excluded); tokenize {report.tokenize_seconds:.1f} s, "
+        f"suffix array {report.suffix_array_seconds:.1f} s; {report.disk_bytes / max(report.tokens, 1):.2f} bytes/token"
+    )
+
+
+@index_app.command()
+def info(directory: Path = typer.Argument(..., help="index directory"),
+         as_json: bool = typer.Option(False, "--json", help="print the whole manifest as JSON")) -> None:
+    """Print an index's manifest: corpus snapshot, tokenizer, exclusion, layout, policies."""
+    console = Console()
+    try:
+        details = index_info(directory)
+    except ArtifactError as exc:
+        _fail(Console(stderr=True), str(exc))
+    if as_json:
+        print(json.dumps(details, indent=2, sort_keys=True, default=str))
+        return
+    console.print(f"[bold]{directory}[/bold]  manifest {details['hash'][:16]}…")
+    tok = details["tokenizer"]
+    console.print(f"tokenizer  {tok['name']}  vocab {tok['vocab_size']}  hash {tok['hash'][:16]}…")
+    totals = details["totals"]
+    console.print(f"documents  {totals['documents']:,}   tokens {totals['tokens']:,}")
+    for source in details["corpus"]:
+        console.print(f"  corpus {source['spec']}: {source.get('files', '-')} files, {source.get('bytes', 0):,} bytes, "
+                      f"{source['documents']:,} docs, {source['excluded']:,} excluded, sha256 {str(source.get('sha256', ''))[:16]}…")
+    exclusion = details.get("exclusion")
+    if exclusion:
+        names = ", ".join(s["name"] for s in exclusion["eval_sets"])
+        console.print(f"exclusion  {exclusion['ngram_tokens']}-token n-grams of {names}: "
+                      f"{exclusion['excluded_documents']:,} documents dropped")
+    console.print(f"query      {details['query']}")
+    console.print(f"encoding   {details['key_encoding']}; separator {details['separator']}; {details['endianness']}-endian")
+    console.print(f"counter    {details['counter']['dtype']}; pruning: {details['trie']['pruning']}")
+    for name, digest in details["files"].items():
+        console.print(f"  {name:16s} {details['file_bytes'].get(name, 0):>14,} bytes  sha256 {digest[:16]}…")
+
+
+@index_app.command()
+def verify(directory: Path = typer.Argument(..., help="index directory")) -> None:
+    """Re-check every file's sha256 and size against the manifest."""
+    console = Console()
+    try:
+        manifest = verify_index(directory)
+    except ArtifactError as exc:
+        _fail(Console(stderr=True), f"verification failed: {exc}")
+    console.print(f"ok: {len(manifest.files)} files match manifest {manifest.hash[:16]}…")
