@@ -48,6 +48,8 @@ def build(
         config = QueryConfig(max_suffix, min_suffix, max_matches, continuation_length)
         sources = [resolve_source(c, text_field, suffix) for c in corpus]
         eval_sets = [load_eval_set(e) for e in exclude]
+        if not any(source.total_bytes() for source in sources):  # fail before the slow tokenizer load
+            raise CorpusError("the corpus is empty (0 bytes of matching files); refusing an empty index")
         console.print(f"loading the tokenizer of {target}")
         encoder = load_encoder(target)
         exclusion = NgramFilter.from_eval_sets(eval_sets, encoder, ngram) if eval_sets else None
