@@ -1,0 +1,326 @@
+"""llama.cpp backend (llama-cpp-python's low-level API): GGUF models at full CPU speed.
+
+Sequences carry the tree.  The context has a unified KV cache (`kv_unified=True`) and
+`n_seq_max = max_tree_leaves + 1` sequences: sequence 0 is the committed text, and in a tree
+round leaf i owns sequence i + 1.  Before the batch, `seq_cp(0, s)` tags every committed cell
+with each leaf sequence (no data is copied: a unified cache adds the id to the same cells).
+The round is ONE llama_batch: the pending token belongs to sequence 0 and to every leaf
+sequence, candidate row r to the sequences of the leaves below it.  llama.cpp lets a query
+see the cells of its (first) sequence at positions <= its own, i.e. exactly the committed
+prefix, the pending token and the row's ancestors: siblings never see each other.
+
+A chain round (and plain decoding, `round_ is None`) lives in sequence 0 alone: the causal
+mask is already right, so nothing is copied and nothing has to be undone but a trim.
+
+Commit of a tree keeps the accepted path in sequence 0 and frees every other cell:
+`seq_keep(s)` for a leaf s below the accepted node (cells off that path are freed, the rest
+keep only s), `seq_rm(s, t + 1 + k, -1)` trims rows below the accepted node, `seq_cp(s, 0)`
+and `seq_rm(s)` hand the cells back to sequence 0.  The prefix is never re-evaluated.
+
+Logits come back as a zero-copy view of llama.cpp's output buffer: valid until the next
+`extend` or `verify` overwrites it.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from dataclasses import dataclass
+from typing import Sequence
+
+import llama_cpp
+import numpy as np
+
+from draftwise.backends.base import BackendError, BackendInfo, ContextOverflow
+from draftwise.backends.llamacpp_batch import NumpyBatch
+from draftwise.backends.llamacpp_text import detokenize, model_meta, render_chat, tokenize, vocab_texts
+from draftwise.backends.transformers import tokenizer_fingerprint
+from draftwise.models import ResolvedModel
+from draftwise.topology.compile import CompiledRound
+from draftwise.verify.base import NumpyLogits
+
+_KV_TYPE = llama_cpp.GGML_TYPE_F16  # K and V cache type, fixed so kv_bytes can be computed exactly
+_KV_TYPE_BYTES = 2
+_N_BATCH = 512  # tokens per llama_decode (logical and physical batch), llama-cpp-python's default
+
+
+@dataclass(frozen=True)
+class KvGeometry:
+    """What one KV cell costs: n_layer * (n_embd_k_gqa + n_embd_v_gqa) * element size."""
+
+    n_layer: int
+    n_embd_k_gqa: int  # n_head_kv * key_length
+    n_embd_v_gqa: int  # n_head_kv * value_length
+    type_bytes: int
+
+    @property
+    def bytes_per_cell(self) -> int:
+        return self.n_layer * (self.n_embd_k_gqa + self.n_embd_v_gqa) * self.type_bytes
+
+
+def _free(model, ctx) -> None:
+    llama_cpp.llama_free(ctx)
+    llama_cpp.llama_model_free(model)
+
+
+class LlamaCppBackend:
+    def __init__(self, model, ctx, info: BackendInfo, geometry: KvGeometry, n_threads: int, max_tree_leaves: int,
+                 chat_template: str | None) -> None:
+        self._model = model
+        self._ctx = ctx
+        self._mem = llama_cpp.llama_get_memory(ctx)
+        self._vocab = llama_cpp.llama_model_get_vocab(model)
+        self.info = info
+        self.geometry = geometry
+        self.n_threads = n_threads
+        self.max_tree_leaves = max_tree_leaves
+        self._chat_template = chat_template
+        self._n_vocab = info.vocab_size
+        self._batch = NumpyBatch(max(_N_BATCH, info.max_verify_rows), max_tree_leaves + 1)
+        self._committed = 0  # cells of sequence 0 that are authoritative: positions [0, committed)
+        self._pending_rows = 0  # provisional rows of the last verify (pending included)
+        self._round: CompiledRound | None = None  # the provisional tree round; None for plain/chain
+        self._leaves: list[int] = []  # leaf rows of that tree round; leaf i owns sequence i + 1
+        self._finalizer = weakref.finalize(self, _free, model, ctx)
+
+    # ---- loading -------------------------------------------------------------------------
+    @classmethod
+    def load(cls, model: ResolvedModel, n_threads: int | None = None, n_ctx: int = 4096,
+             max_tree_leaves: int = 64) -> "LlamaCppBackend":
+        if model.kind != "gguf":
+            raise BackendError(f"the llama.cpp backend loads .gguf files; {model.path!r} is a {model.kind}")
+        threads = n_threads or len(os.sched_getaffinity(0))
+        mparams = llama_cpp.llama_model_default_params()
+        handle = llama_cpp.llama_model_load_from_file(model.path.encode(), mparams)
+        if not handle:
+            raise BackendError(f"llama.cpp could not load {model.path!r}")
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = _N_BATCH
+        cparams.n_ubatch = _N_BATCH
+        cparams.n_seq_max = max_tree_leaves + 1
+        cparams.kv_unified = True  # one cell can belong to many sequences: the prefix is shared, not copied
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.type_k = _KV_TYPE
+        cparams.type_v = _KV_TYPE
+        cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED  # llama-cpp-python's default
+        ctx = llama_cpp.llama_init_from_model(handle, cparams)
+        if not ctx:
+            llama_cpp.llama_model_free(handle)
+            raise BackendError(
+                f"llama.cpp could not create a context (n_ctx={n_ctx}, n_seq_max={max_tree_leaves + 1}) for {model.path!r}"
+            )
+        vocab = llama_cpp.llama_model_get_vocab(handle)
+        n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
+        eos = {int(llama_cpp.llama_vocab_eos(vocab)), int(llama_cpp.llama_vocab_eot(vocab))} - {-1}
+        info = BackendInfo(
+            name="llamacpp",
+            checkpoint=model.checkpoint_id,
+            tokenizer_hash=tokenizer_fingerprint(vocab_texts(vocab, n_vocab)),
+            vocab_size=n_vocab,
+            context_length=int(llama_cpp.llama_n_ctx(ctx)),
+            dtype="gguf",
+            device="cpu",
+            eos_token_ids=frozenset(eos),
+            hidden_states=False,
+            max_verify_rows=_N_BATCH,
+        )
+        template = model_meta(handle, "tokenizer.chat_template")
+        return cls(handle, ctx, info, _kv_geometry(handle), threads, max_tree_leaves, template)
+
+    def close(self) -> None:
+        """Free the context and the weights now (otherwise when the backend is collected)."""
+        self._finalizer()
+
+    # ---- state ---------------------------------------------------------------------------
+    @property
+    def cached_len(self) -> int:
+        return self._committed
+
+    def reset(self) -> None:
+        llama_cpp.llama_memory_clear(self._mem, False)
+        self._committed = 0
+        self._pending_rows = 0
+        self._round = None
+
+    def _decode(self, what: str) -> None:
+        code = llama_cpp.llama_decode(self._ctx, self._batch.struct)
+        if code != 0:
+            raise BackendError(f"llama_decode failed during {what} (code {code}; 1 = no KV slot: n_ctx too small)")
+
+    def _logits_view(self, rows: int) -> np.ndarray:
+        # re-read the pointer after every decode: llama.cpp may reallocate its output buffer
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits(self._ctx), shape=(rows, self._n_vocab))  # [R, V]
+
+    def extend(self, tokens: Sequence[int]) -> NumpyLogits:
+        if self._pending_rows:
+            raise BackendError("extend() while a verify is provisional; commit or roll back first")
+        if not len(tokens):
+            raise BackendError("extend() needs at least one token")
+        self._check_room(len(tokens))
+        for start in range(0, len(tokens), _N_BATCH):
+            chunk = tokens[start : start + _N_BATCH]
+            self._batch.set_sequence(chunk, self._committed, last_logits_only=True)
+            try:
+                self._decode("extend")
+            except BackendError:
+                self.truncate(self._committed)  # drop the chunk's partial cells, keep what was committed
+                raise
+            self._committed += len(chunk)
+        # a copy: prefill is rare and callers may keep these logits across the next verify
+        return NumpyLogits(self._logits_view(1).copy())  # [1, V]
+
+    def verify(self, pending: int, round_: CompiledRound | None) -> NumpyLogits:
+        if self._pending_rows:
+            raise BackendError("verify() while a previous verify is provisional; commit or roll back first")
+        t = self._committed
+        if round_ is None:
+            self._check_room(1)
+            self._batch.set_one(int(pending), t)
+            self._decode("verify")
+            self._pending_rows = 1
+            return NumpyLogits(self._logits_view(1))  # [1, V]
+        n = round_.n
+        if 1 + n > self.info.max_verify_rows:
+            raise BackendError(f"round of {1 + n} rows exceeds this backend's limit of {self.info.max_verify_rows}")
+        if round_.prefix_len != t + 1:
+            raise BackendError(f"round compiled for prefix_len {round_.prefix_len}, but the pending token sits at {t}")
+        self._check_room(1 + n)
+        tokens = np.concatenate([[pending], round_.token_ids])  # [1+N]
+        positions = np.concatenate([[t], round_.position_ids])  # [1+N]
+        if _is_chain(round_):
+            self._batch.set_sequence(tokens, t, last_logits_only=False)
+            self._decode("verify")
+        else:
+            self._verify_tree(round_, tokens, positions)
+        self._pending_rows = 1 + n
+        return NumpyLogits(self._logits_view(1 + n))  # [1+N, V]
+
+    def _verify_tree(self, round_: CompiledRound, tokens: np.ndarray, positions: np.ndarray) -> None:
+        leaves = round_.leaves()
+        if len(leaves) > self.max_tree_leaves:
+            raise BackendError(
+                f"round has {len(leaves)} leaves but this context was built for {self.max_tree_leaves} "
+                "(load with a larger max_tree_leaves)"
+            )
+        n = round_.n
+        member = np.zeros((1 + n, 1 + len(leaves)), dtype=bool)  # [1+N, 1+L] row in sequence?
+        member[0] = True  # the pending token: sequence 0 and every leaf
+        member[1:, 1:] = round_.ancestor_mask[leaves].T  # row r lies on leaf i's path
+        for s in range(1, 1 + len(leaves)):
+            llama_cpp.llama_memory_seq_cp(self._mem, 0, s, -1, -1)
+        self._batch.set_tree(tokens, positions, member)
+        self._round, self._leaves = round_, leaves
+        try:
+            self._decode("verify")
+        except BackendError:
+            self._drop_tree(self._committed)
+            raise
+
+    def commit(self, accepted_rows: Sequence[int]) -> None:
+        if not self._pending_rows:
+            raise BackendError("commit() without a provisional verify")
+        t, k = self._committed, len(accepted_rows)
+        end = t + 1 + k  # sequence 0 will hold positions [0, end)
+        if self._round is None:
+            if list(accepted_rows) != list(range(k)) or k > self._pending_rows - 1:
+                raise BackendError(f"accepted rows {list(accepted_rows)} are not a prefix of the chain")
+            self._seq_rm(0, end)
+        elif k == 0:
+            llama_cpp.llama_memory_seq_keep(self._mem, 0)  # pending stays; every tree cell and leaf tag goes
+        else:
+            leaf_seq = self._leaf_seq_through(accepted_rows)
+            llama_cpp.llama_memory_seq_keep(self._mem, leaf_seq)
+            self._seq_rm(leaf_seq, end)  # rows below the accepted node, when it is not a leaf
+            llama_cpp.llama_memory_seq_cp(self._mem, leaf_seq, 0, -1, -1)
+            self._seq_rm(leaf_seq, -1)
+        self._committed = end
+        self._pending_rows = 0
+        self._round = None
+
+    def _leaf_seq_through(self, accepted_rows: Sequence[int]) -> int:
+        """Sequence of a leaf below the last accepted row, after checking the rows form one root path."""
+        round_ = self._round
+        parent = -1
+        for row in accepted_rows:
+            if not 0 <= row < round_.n or round_.parent[row] != parent:
+                raise BackendError(f"accepted rows {list(accepted_rows)} are not one root-to-node path")
+            parent = row
+        for i, leaf in enumerate(self._leaves):
+            if round_.ancestor_mask[leaf, parent]:
+                return i + 1
+        raise AssertionError("every row has a leaf below it")
+
+    def rollback(self) -> None:
+        if not self._pending_rows:
+            return
+        if self._round is None:
+            self._seq_rm(0, self._committed)
+        else:
+            self._drop_tree(self._committed)
+        self._pending_rows = 0
+        self._round = None
+
+    def _drop_tree(self, t: int) -> None:
+        llama_cpp.llama_memory_seq_keep(self._mem, 0)  # frees tree cells, strips leaf tags from the prefix
+        self._seq_rm(0, t)  # the pending token
+        self._round = None
+
+    def truncate(self, length: int) -> None:
+        self.rollback()
+        if length < self._committed:
+            self._seq_rm(0, length)
+            self._committed = length
+
+    def _seq_rm(self, seq: int, start: int) -> None:
+        if not llama_cpp.llama_memory_seq_rm(self._mem, seq, start, -1):
+            raise BackendError(f"llama.cpp refused to drop positions >= {start} of sequence {seq} (recurrent model?)")
+
+    def _check_room(self, rows: int) -> None:
+        if self._committed + rows > self.info.context_length:
+            raise ContextOverflow(
+                f"{self._committed} cached + {rows} new rows exceed the context of {self.info.context_length}"
+            )
+
+    def kv_bytes(self) -> int:
+        """Cells in use times bytes per cell (cells in use = committed + provisional rows; the
+        tree shares the prefix cells, so a round adds 1 + N cells whatever its leaf count)."""
+        return (self._committed + self._pending_rows) * self.geometry.bytes_per_cell
+
+    # ---- text ----------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return tokenize(self._vocab, text, add_special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return detokenize(self._vocab, tokens)
+
+    def chat_prompt(self, messages: Sequence[dict]) -> list[int]:
+        if not self._chat_template:
+            raise BackendError(f"{self.info.checkpoint} has no chat template in its GGUF metadata")
+        bos, eos = llama_cpp.llama_vocab_bos(self._vocab), llama_cpp.llama_vocab_eos(self._vocab)
+        text = render_chat(self._chat_template, messages, self._token_text(bos), self._token_text(eos))
+        return tokenize(self._vocab, text, add_special=False)  # the template writes its own special tokens
+
+    def _token_text(self, token: int) -> str:
+        return "" if token < 0 else (llama_cpp.llama_vocab_get_text(self._vocab, token) or b"").decode("utf-8", "replace")
+
+
+def _is_chain(round_: CompiledRound) -> bool:
+    return bool(np.array_equal(round_.parent, np.arange(-1, round_.n - 1)))
+
+
+def _kv_geometry(model) -> KvGeometry:
+    n_layer = int(llama_cpp.llama_model_n_layer(model))
+    n_head = int(llama_cpp.llama_model_n_head(model))
+    n_head_kv = int(llama_cpp.llama_model_n_head_kv(model))
+    arch = model_meta(model, "general.architecture")
+    default_head = int(llama_cpp.llama_model_n_embd(model)) // n_head
+    key_len = model_meta(model, f"{arch}.attention.key_length")
+    value_len = model_meta(model, f"{arch}.attention.value_length")
+    return KvGeometry(
+        n_layer=n_layer,
+        n_embd_k_gqa=n_head_kv * (int(key_len) if key_len else default_head),
+        n_embd_v_gqa=n_head_kv * (int(value_len) if value_len else default_head),
+        type_bytes=_KV_TYPE_BYTES,
+    )

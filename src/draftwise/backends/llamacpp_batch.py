@@ -1,0 +1,77 @@
+"""A llama_batch whose arrays are owned by numpy, so a round is filled with vector writes.
+
+`llama_batch_init` mallocs one seq-id array per token; filling 65 rows x 65 sequence ids
+through ctypes item assignment would cost milliseconds of Python per round.  Here every
+field is a numpy array and `seq_ids` is one [C, S] block whose row pointers are handed to
+llama.cpp; `llama_decode` takes the struct by value and keeps no pointer past the call,
+so nothing needs `llama_batch_free`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import llama_cpp
+import numpy as np
+
+
+def _ptr(array: np.ndarray, ctype):
+    return array.ctypes.data_as(ctypes.POINTER(ctype))
+
+
+class NumpyBatch:
+    """Capacity C tokens, each in at most S sequences."""
+
+    def __init__(self, capacity: int, n_seq: int) -> None:
+        self.capacity = capacity
+        self.n_seq = n_seq
+        self.token = np.zeros(capacity, dtype=np.int32)  # [C]
+        self.pos = np.zeros(capacity, dtype=np.int32)  # [C]
+        self.n_seq_id = np.zeros(capacity, dtype=np.int32)  # [C]
+        self.seq_ids = np.zeros((capacity, n_seq), dtype=np.int32)  # [C, S]
+        self.logits = np.zeros(capacity, dtype=np.int8)  # [C] 1 = output this row
+        row_type = ctypes.POINTER(llama_cpp.llama_seq_id)
+        base = self.seq_ids.ctypes.data
+        stride = self.seq_ids.strides[0]
+        self._rows = (row_type * capacity)(*(ctypes.cast(base + i * stride, row_type) for i in range(capacity)))
+        self.struct = llama_cpp.llama_batch(
+            n_tokens=0,
+            token=_ptr(self.token, llama_cpp.llama_token),
+            embd=None,
+            pos=_ptr(self.pos, llama_cpp.llama_pos),
+            n_seq_id=_ptr(self.n_seq_id, ctypes.c_int32),
+            seq_id=self._rows,
+            logits=_ptr(self.logits, ctypes.c_int8),
+        )
+
+    def set_one(self, token: int, pos: int) -> None:
+        """Plain decoding: one token in sequence 0 with its logits (the hot path, no numpy calls)."""
+        self.token[0] = token
+        self.pos[0] = pos
+        self.n_seq_id[0] = 1
+        self.seq_ids[0, 0] = 0
+        self.logits[0] = 1
+        self.struct.n_tokens = 1
+
+    def set_sequence(self, tokens, start: int, last_logits_only: bool) -> None:
+        """Consecutive tokens in sequence 0 at positions start, start + 1, ..."""
+        m = len(tokens)
+        self.token[:m] = tokens
+        self.pos[:m] = np.arange(start, start + m, dtype=np.int32)
+        self.n_seq_id[:m] = 1
+        self.seq_ids[:m, 0] = 0
+        self.logits[:m] = 0 if last_logits_only else 1
+        self.logits[m - 1] = 1
+        self.struct.n_tokens = m
+
+    def set_tree(self, tokens: np.ndarray, positions: np.ndarray, member: np.ndarray) -> None:
+        """Rows with their positions and sequence sets; member [R, S'] bool, S' <= S; all rows output."""
+        m, s = member.shape
+        self.token[:m] = tokens
+        self.pos[:m] = positions
+        self.n_seq_id[:m] = member.sum(axis=1)
+        # a stable argsort of "not member" lists each row's sequence ids first, in increasing order;
+        # llama.cpp masks a query by its FIRST sequence id, and any leaf through the row is right
+        self.seq_ids[:m, :s] = np.argsort(~member, axis=1, kind="stable")
+        self.logits[:m] = 1
+        self.struct.n_tokens = m

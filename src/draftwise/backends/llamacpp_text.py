@@ -1,0 +1,83 @@
+"""Text side of the llama.cpp backend: vocabulary, tokenize, detokenize, chat template.
+
+The chat template is the GGUF's own Jinja template (`tokenizer.chat_template`), rendered the
+way transformers renders it (sandboxed, trim_blocks, lstrip_blocks), so both backends build
+the same prompt ids.  `llama_chat_apply_template` is not used: it matches templates against
+a built-in list and drops what the Jinja source does (SmolLM2's default system prompt).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from datetime import datetime
+from typing import Sequence
+
+import llama_cpp
+import numpy as np
+
+
+def vocab_texts(vocab, n_vocab: int) -> list[str]:
+    """Token texts in id order as stored in the GGUF (byte-level BPE texts, like HF's convert_ids_to_tokens)."""
+    get = llama_cpp.llama_vocab_get_text
+    return [(get(vocab, i) or b"").decode("utf-8", "surrogateescape") for i in range(n_vocab)]
+
+
+def tokenize(vocab, text: str, add_special: bool) -> list[int]:
+    data = text.encode("utf-8")
+    size = len(data) + 8
+    for _ in range(2):
+        buf = (llama_cpp.llama_token * size)()
+        # parse_special=True: like HF tokenizers, "<|im_start|>" in the text is the special token
+        n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, size, add_special, True)
+        if n >= 0:
+            return list(buf[:n])
+        size = -n
+    raise RuntimeError(f"llama_tokenize kept asking for a larger buffer ({size} tokens)")
+
+
+def detokenize(vocab, tokens: Sequence[int]) -> str:
+    ids = np.ascontiguousarray(tokens, dtype=np.int32)
+    ptr = ids.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))
+    size = 8 * len(ids) + 16
+    for _ in range(2):
+        buf = ctypes.create_string_buffer(size)
+        # remove_special=False, unparse_special=True: like HF decode(skip_special_tokens=False)
+        n = llama_cpp.llama_detokenize(vocab, ptr, len(ids), buf, size, False, True)
+        if n >= 0:
+            return buf.raw[:n].decode("utf-8", "replace")
+        size = -n
+    raise RuntimeError(f"llama_detokenize kept asking for a larger buffer ({size} bytes)")
+
+
+def model_meta(model, key: str) -> str | None:
+    size = 1 << 16
+    for _ in range(2):
+        buf = ctypes.create_string_buffer(size)
+        n = llama_cpp.llama_model_meta_val_str(model, key.encode(), buf, size)
+        if n < 0:
+            return None
+        if n < size:
+            return buf.value.decode("utf-8")
+        size = n + 1
+    return None
+
+
+def render_chat(template: str, messages: Sequence[dict], bos_token: str, eos_token: str) -> str:
+    """The chat template applied like transformers' apply_chat_template(add_generation_prompt=True)."""
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise ValueError(f"chat template: {message}")
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(template).render(
+        messages=list(messages), add_generation_prompt=True, bos_token=bos_token, eos_token=eos_token
+    )
