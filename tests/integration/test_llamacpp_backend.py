@@ -45,7 +45,9 @@ CONTRACT = ProposerContract(ProbabilitySemantics.ABSENT, SamplingRelation.DETERM
 @pytest.fixture(scope="module")
 def backend():
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
-    b = LlamaCppBackend.load(resolve("smollm2-135m"), n_threads=2, n_ctx=2048, max_tree_leaves=MAX_LEAVES)
+    # one thread: on a shared 2-core box, two llama.cpp threads spin at every barrier while the
+    # other is descheduled (this module took 130 s with 2 threads under load, 23 s with 1)
+    b = LlamaCppBackend.load(resolve("smollm2-135m"), n_threads=1, n_ctx=2048, max_tree_leaves=MAX_LEAVES)
     yield b
     b.close()
 
