@@ -20,6 +20,9 @@ class ByteEncoder:
     def encode_batch(self, texts):
         return [list(t.encode("utf-8")) for t in texts]
 
+    def decode(self, ids):
+        return bytes(ids).decode("utf-8", errors="replace")
+
 
 def test_window_hashes_match_equal_windows_only():
     a = window_hashes(np.array([1, 2, 3, 4, 5]), 3)

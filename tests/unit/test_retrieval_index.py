@@ -30,6 +30,9 @@ class ByteEncoder:
     def encode_batch(self, texts):
         return [list(t.encode("utf-8")) for t in texts]
 
+    def decode(self, ids):
+        return bytes(ids).decode("utf-8", errors="replace")
+
 
 @pytest.fixture
 def fixture_index(tmp_path) -> Path:

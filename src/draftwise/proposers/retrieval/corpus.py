@@ -155,6 +155,8 @@ class Encoder(Protocol):
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
 
+    def decode(self, ids: Sequence[int]) -> str: ...
+
 
 class HFEncoder:
     """A transformers (fast) tokenizer; no special tokens are added to corpus text."""
@@ -170,6 +172,9 @@ class HFEncoder:
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         # verbose=False: long documents are expected here, not model inputs
         return self._tokenizer(list(texts), add_special_tokens=False, verbose=False)["input_ids"]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tokenizer.decode(list(ids))
 
 
 def load_encoder(model: str) -> HFEncoder:

@@ -6,6 +6,11 @@ token ids of the target tokenizer: every 13-token window of a document is hashed
 64-bit polynomial rolling hash and looked up in the set of window hashes of the benchmark
 texts.  A hash collision can only drop an innocent document, never keep a contaminated one.
 
+Benchmark windows with fewer than MIN_LETTERS letters are not used: tokenizers that split
+digits (Qwen) make "1, 2, 3, 4, 5" a 13-token window, and such windows of numbers and
+punctuation matched 6% of the Python files of a site-packages tree without saying anything
+about contamination.
+
 Benchmark texts: Spec-Bench-format JSONL (every turn and every reference) and `humaneval`
 (every prompt, canonical solution, and prompt + solution, so windows across the seam count).
 """
@@ -25,6 +30,7 @@ from draftwise.artifacts import sha256_file
 from draftwise.proposers.retrieval.corpus import CorpusError, Encoder
 
 NGRAM = 13
+MIN_LETTERS = 20  # a benchmark window must hold this many letters to count (see above)
 HUMANEVAL = "humaneval"
 _BASE = np.uint64(0x9E3779B97F4A7C15)  # odd 64-bit multiplier; arithmetic wraps mod 2**64
 
@@ -87,6 +93,15 @@ def window_hashes(ids: np.ndarray, n: int = NGRAM) -> np.ndarray:
     return hashes
 
 
+def _informative_windows(ids: np.ndarray, encoder: Encoder, n: int, min_letters: int) -> np.ndarray:
+    """Hashes of the windows of `ids` whose text holds at least `min_letters` letters."""
+    hashes = window_hashes(ids, n)
+    if min_letters <= 0 or hashes.size == 0:
+        return hashes
+    letters = [sum(c.isalpha() for c in encoder.decode(ids[i : i + n].tolist())) for i in range(hashes.size)]
+    return hashes[np.asarray(letters) >= min_letters]
+
+
 @dataclass(frozen=True, eq=False)
 class NgramFilter:
     """The benchmark n-gram hashes, and which eval sets they came from (for the manifest)."""
@@ -95,17 +110,20 @@ class NgramFilter:
     n: int
     sets: tuple[dict, ...]
 
+    min_letters: int = MIN_LETTERS
+
     @classmethod
-    def from_eval_sets(cls, eval_sets: Sequence[EvalSet], encoder: Encoder, n: int = NGRAM) -> "NgramFilter":
+    def from_eval_sets(cls, eval_sets: Sequence[EvalSet], encoder: Encoder, n: int = NGRAM,
+                       min_letters: int = MIN_LETTERS) -> "NgramFilter":
         parts = [np.zeros(0, dtype=np.uint64)]
         described = []
         for eval_set in eval_sets:
             ids = encoder.encode_batch(list(eval_set.texts)) if eval_set.texts else []
             before = sum(p.size for p in parts)
-            parts.extend(window_hashes(np.asarray(t, dtype=np.int64), n) for t in ids)
+            parts.extend(_informative_windows(np.asarray(t, dtype=np.int64), encoder, n, min_letters) for t in ids)
             described.append({"name": eval_set.name, "path": eval_set.path, "sha256": eval_set.sha256,
                               "texts": len(eval_set.texts), "ngrams": sum(p.size for p in parts) - before})
-        return cls(np.unique(np.concatenate(parts)), n, tuple(described))
+        return cls(np.unique(np.concatenate(parts)), n, tuple(described), min_letters)
 
     def contaminated(self, docs: Sequence[np.ndarray]) -> np.ndarray:
         """[D] bool: which documents share an n-gram with the benchmarks."""
@@ -120,5 +138,6 @@ class NgramFilter:
         return result
 
     def describe(self) -> dict:
-        return {"ngram_tokens": self.n, "hash": "64-bit polynomial rolling hash of token ids",
+        return {"ngram_tokens": self.n, "min_letters": self.min_letters,
+                "hash": "64-bit polynomial rolling hash of token ids",
                 "eval_sets": list(self.sets), "benchmark_ngrams": int(self.hashes.size)}
