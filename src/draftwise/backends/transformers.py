@@ -160,9 +160,10 @@ class TransformersBackend:
         k = len(accepted_rows)
         if list(accepted_rows) != list(range(k)):  # not a prefix of the row order: gather first
             src = torch.tensor([t + 1 + r for r in accepted_rows], dtype=torch.long, device=self.device)
-            for layer in self._cache.layers:
-                layer.keys[:, :, t + 1 : t + 1 + k] = layer.keys.index_select(2, src)
-                layer.values[:, :, t + 1 : t + 1 + k] = layer.values.index_select(2, src)
+            with torch.inference_mode():  # the cache tensors were made under inference mode
+                for layer in self._cache.layers:
+                    layer.keys[:, :, t + 1 : t + 1 + k] = layer.keys.index_select(2, src)
+                    layer.values[:, :, t + 1 : t + 1 + k] = layer.values.index_select(2, src)
         drop = self._pending_rows - 1 - k
         if drop:
             self._cache.crop(-drop)

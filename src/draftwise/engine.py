@@ -1,0 +1,206 @@
+"""The round loop: propose, compile, verify in one target pass, select, publish.
+
+Pending-token convention (DESIGN.md): the committed tokens are x[0..t]; the target's KV
+holds rows for x[0..t-1] and x[t] is pending.  A round verifies pending + candidates, the
+verifier selects one root-to-node path plus a bonus token, `commit` makes the pending row and
+the accepted rows authoritative, and the bonus becomes the new pending token (its KV row is
+computed next round, with the real token).  Whatever happens, the target is left consistent:
+an interrupted round is rolled back in `finally`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from draftwise.backends.base import Backend, check_fits
+from draftwise.contracts import RoundManifest
+from draftwise.proposers.base import Proposer
+from draftwise.sampling import SamplingPolicy
+from draftwise.stats import GenerationStats, RoundRecord, summarize
+from draftwise.topology.compile import COMPILER_VERSION, TreeLimits, compile_round
+from draftwise.verify.base import Verifier, bind
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_new_tokens: int = 128
+    policy: SamplingPolicy = SamplingPolicy()
+    seed: int = 0
+    stop_strings: tuple[str, ...] = ()
+    limits: TreeLimits = TreeLimits()
+    exact: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    tokens: tuple[int, ...]  # new tokens only (EOS included when it ended the generation)
+    text: str
+    stop_reason: str  # "eos", "stop_string" or "max_new_tokens"
+    stats: GenerationStats
+    records: tuple[RoundRecord, ...]
+    from_draft: tuple[bool, ...]  # per new token: accepted from a proposal (True) or sampled by the target
+    manifest_hash: str
+    exact: bool
+    verifier: str
+
+
+@dataclass
+class _Emitter:
+    """Collects published tokens and applies the stop rules; never goes past max_new_tokens."""
+
+    limit: int
+    eos: frozenset[int]
+    stop_strings: tuple[str, ...]
+    detokenize: Callable[[Sequence[int]], str]
+    tokens: list[int] = field(default_factory=list)
+    from_draft: list[bool] = field(default_factory=list)
+    stop_reason: str | None = None
+
+    def publish(self, tokens: Sequence[int], drafted: Sequence[bool]) -> int:
+        count = 0
+        for token, was_drafted in zip(tokens, drafted):
+            self.tokens.append(int(token))
+            self.from_draft.append(was_drafted)
+            count += 1
+            if token in self.eos:
+                self.stop_reason = "eos"
+                break
+            if len(self.tokens) >= self.limit:
+                self.stop_reason = "max_new_tokens"
+                break
+        if self.stop_reason is None and self.stop_strings:
+            self._check_stop_strings()
+        return count
+
+    def _check_stop_strings(self) -> None:
+        text = self.detokenize(self.tokens)
+        if any(s in text for s in self.stop_strings):
+            self.stop_reason = "stop_string"
+
+
+class SpeculativeDecoder:
+    """Binds a verifier to the proposers' contracts before any target work, then decodes."""
+
+    def __init__(
+        self,
+        target: Backend,
+        proposers: Sequence[Proposer],
+        verifier: Verifier,
+        config: GenerationConfig = GenerationConfig(),
+    ) -> None:
+        self.target = target
+        self.proposers = list(proposers)
+        self.config = config
+        self.verifier = bind(verifier, [p.contract for p in self.proposers], config.policy, exact=config.exact)
+        info = target.info
+        self.manifest = RoundManifest(
+            target_checkpoint=info.checkpoint,
+            tokenizer_hash=info.tokenizer_hash,
+            sampling_policy=config.policy.as_dict(),
+            proposers=tuple(
+                {**p.identity(), "contract": {k: v.value for k, v in p.contract.__dict__.items()}} for p in self.proposers
+            ),
+            compiler_version=COMPILER_VERSION,
+            max_nodes=config.limits.max_nodes,
+            max_depth=config.limits.max_depth,
+            verifier=verifier.capabilities.name,
+            exact=verifier.capabilities.exact,
+            backend=info.name,
+            dtype=info.dtype,
+        )
+
+    def generate(self, prompt: Sequence[int], on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
+        config = self.config
+        if not prompt:
+            raise ValueError("the prompt has no tokens")
+        check_fits(self.target.info, len(prompt), config.max_new_tokens)
+        rng = np.random.default_rng(config.seed)
+        for proposer in self.proposers:
+            proposer.begin(config.policy, rng)
+        emitter = _Emitter(config.max_new_tokens, self.target.info.eos_token_ids, config.stop_strings,
+                           self.target.detokenize)
+        records: list[RoundRecord] = []
+        context = list(prompt)
+        start = time.perf_counter()
+        self.target.reset()
+        if len(context) > 1:
+            self.target.extend(context[:-1])
+        try:
+            while emitter.stop_reason is None:
+                record, emitted = self._round(context, emitter, rng)
+                records.append(record)
+                context.extend(emitted)
+                if on_tokens is not None and emitted:
+                    on_tokens(emitted)
+        finally:
+            self.target.rollback()  # no-op after a clean commit; undoes a round cut short by an exception
+        wall = time.perf_counter() - start
+        new = emitter.tokens
+        return GenerationResult(
+            tokens=tuple(new),
+            text=self.target.detokenize([t for t in new if t not in self.target.info.eos_token_ids]),
+            stop_reason=emitter.stop_reason,
+            stats=summarize(records, len(new), wall),
+            records=tuple(records),
+            from_draft=tuple(emitter.from_draft),
+            manifest_hash=self.manifest.hash,
+            exact=self.verifier.capabilities.exact,
+            verifier=self.verifier.capabilities.name,
+        )
+
+    def _round(self, context: list[int], emitter: _Emitter, rng: np.random.Generator) -> tuple[RoundRecord, list[int]]:
+        seconds: dict[str, float] = {}
+        clock = time.perf_counter()
+        results = [p.propose(context, self.manifest.hash) for p in self.proposers]
+        for result in results:
+            self.manifest.check(result)
+        seconds["propose"], clock = _lap(clock)
+
+        remaining = emitter.limit - len(emitter.tokens)
+        room = self.target.info.context_length - len(context) - 1
+        limits = TreeLimits(
+            max_nodes=max(0, min(self.config.limits.max_nodes, room)),
+            max_depth=max(0, min(self.config.limits.max_depth, remaining - 1, room)),  # deeper can never publish
+        )
+        round_ = compile_round(len(context), results, limits)
+        proposed = any(r.nodes for r in results)
+        seconds["compile"], clock = _lap(clock)
+
+        logits = self.target.verify(context[-1], round_ if round_.n else None)
+        temp_kv = self.target.kv_bytes()
+        seconds["verify"], clock = _lap(clock)
+
+        selection = self.verifier.select(round_, logits, self.config.policy, rng)
+        seconds["select"], clock = _lap(clock)
+
+        self.target.commit(selection.accepted_rows)
+        seconds["commit"], clock = _lap(clock)
+
+        accepted_tokens = [int(round_.token_ids[r]) for r in selection.accepted_rows]
+        emitted_count = emitter.publish(accepted_tokens + [selection.bonus_token],
+                                        [True] * len(accepted_tokens) + [False])
+        for proposer in self.proposers:
+            proposer.observe(len(selection.accepted_rows))
+        record = RoundRecord(
+            nodes=round_.n,
+            proposal_depth=int(round_.depth.max()) if round_.n else 0,
+            accepted=len(selection.accepted_rows),
+            emitted=emitted_count,
+            fallback=bool(self.proposers) and not proposed,
+            temp_kv_bytes=temp_kv,
+            seconds=seconds,
+        )
+        return record, emitter.tokens[-emitted_count:] if emitted_count else []
+
+
+def _lap(clock: float) -> tuple[float, float]:
+    now = time.perf_counter()
+    return now - clock, now

@@ -1,0 +1,199 @@
+"""A separate draft model (same tokenizer, checked by hash) proposing a chain or a tree.
+
+The draft runs on its own backend and keeps its KV cache in step with the committed prefix:
+at each proposal it truncates to the longest prefix it shares with the committed tokens (so
+rejected drafts are rolled back) and extends with what it has not seen.
+
+Chain mode draws k tokens one incremental step at a time and may stop early when the draft's
+own confidence drops below a threshold (transformers' `assistant_confidence_threshold`); the
+stop depends on draft quantities only, so exactness is untouched.  Tree mode expands a
+template level by level (one draft pass per level over the tree so far) with children drawn
+i.i.d., without replacement, or as deterministic top-k; the declared sampling relation is
+the one really used.  Every expanded parent records the whole distribution its children were
+drawn from, so residual verifiers get vectors, not scalars.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from draftwise.backends.base import Backend
+from draftwise.contracts import (
+    ContractError,
+    ProbabilitySemantics,
+    ProposalNode,
+    ProposalResult,
+    ProposerContract,
+    SamplingRelation,
+    TopologyKind,
+)
+from draftwise.sampling import SamplingPolicy, sample
+from draftwise.topology.compile import compile_round
+from draftwise.topology.templates import Template, max_depth, slots_by_parent
+from draftwise.verify.sequoia import without_replacement_q
+
+RAW = SamplingPolicy(temperature=1.0)  # the draft's own softmax, for its confidence
+
+
+class TokenizerMismatch(ContractError):
+    """Target and draft do not share a tokenizer."""
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    k: int = 8  # chain length (chain mode)
+    confidence_threshold: float = 0.4  # stop the chain when the draft's top probability is lower; 0 disables
+    template: Template | None = None  # tree mode when given
+    relation: SamplingRelation = SamplingRelation.IID  # how tree children are drawn
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ValueError(f"draft length k must be >= 1, got {self.k}")
+        if not 0.0 <= self.confidence_threshold < 1.0:
+            raise ValueError(f"confidence threshold must be in [0, 1), got {self.confidence_threshold}")
+        allowed = {SamplingRelation.IID, SamplingRelation.WITHOUT_REPLACEMENT, SamplingRelation.BEAM}
+        if self.relation not in allowed:
+            raise ValueError(f"tree children can be drawn {sorted(r.value for r in allowed)}, not {self.relation.value}")
+
+
+def draft_contract(template: Template | None, relation: SamplingRelation) -> ProposerContract:
+    """A chain is an i.i.d. sequence; a depth-1 template is a one-position set; else a tree."""
+    if template is None:
+        return ProposerContract(ProbabilitySemantics.NORMALIZED_CONDITIONAL, SamplingRelation.IID, TopologyKind.SEQUENCE)
+    topology = TopologyKind.SET if max_depth(template) == 1 else TopologyKind.TREE
+    return ProposerContract(ProbabilitySemantics.NORMALIZED_CONDITIONAL, relation, topology)
+
+
+class DraftModelProposer:
+    name = "draft-model"
+
+    def __init__(self, draft: Backend, target_tokenizer_hash: str, config: DraftConfig = DraftConfig()) -> None:
+        if draft.info.tokenizer_hash != target_tokenizer_hash:
+            raise TokenizerMismatch(
+                f"draft {draft.info.checkpoint} has tokenizer {draft.info.tokenizer_hash[:12]}…, the target "
+                f"{target_tokenizer_hash[:12]}…; a draft model must share the target's tokenizer"
+            )
+        self.draft = draft
+        self.config = config
+        self.contract = draft_contract(config.template, config.relation)
+        self._cached: list[int] = []  # tokens whose KV rows the draft holds
+        self._policy = SamplingPolicy()
+        self._rng = np.random.default_rng(0)
+
+    def identity(self) -> dict:
+        return {
+            "name": self.name,
+            "checkpoint": self.draft.info.checkpoint,
+            "k": self.config.k,
+            "confidence_threshold": self.config.confidence_threshold,
+            "template": self.config.template,
+            "relation": self.contract.relation.value,
+        }
+
+    def begin(self, policy: SamplingPolicy, rng: np.random.Generator) -> None:
+        self._policy, self._rng = policy, rng
+        self.draft.reset()
+        self._cached = []
+
+    def observe(self, accepted: int) -> None:
+        pass
+
+    def propose(self, context: Sequence[int], manifest_hash: str) -> ProposalResult:
+        if self.config.template is None:
+            nodes, dists = self._chain(context)
+        else:
+            nodes, dists = self._tree(context, self.config.template)
+        return ProposalResult(
+            nodes=tuple(nodes), contract=self.contract, source=self.name, manifest_hash=manifest_hash, distributions=dists
+        )
+
+    # ---- chain: incremental extend ------------------------------------------------------------
+    def _sync(self, context: Sequence[int], keep_last: bool) -> int:
+        """Truncate the draft to the prefix it shares with `context`; return that length."""
+        limit = len(context) - (1 if keep_last else 0)
+        shared = 0
+        for a, b in zip(self._cached, context[:limit]):
+            if a != b:
+                break
+            shared += 1
+        self.draft.truncate(shared)
+        del self._cached[shared:]
+        return shared
+
+    def _chain(self, context: Sequence[int]) -> tuple[list[ProposalNode], dict[int, np.ndarray]]:
+        shared = self._sync(context, keep_last=True)
+        feed = list(context[shared:])  # >= 1 token: the pending one at least
+        nodes: list[ProposalNode] = []
+        dists: dict[int, np.ndarray] = {}
+        for depth in range(1, self.config.k + 1):
+            logits = self.draft.extend(feed)
+            self._cached.extend(feed)
+            q = logits.probs(0, self._policy)  # [V]
+            if self.config.confidence_threshold and depth > 1:
+                if logits.probs(0, RAW).max() < self.config.confidence_threshold:
+                    break
+            token = int(q.argmax()) if self._policy.greedy else sample(q, self._rng)
+            dists[depth - 2] = q  # parent of the depth-d node is node d - 2 (-1 = frontier)
+            nodes.append(ProposalNode(token=token, parent=depth - 2, depth=depth, q=float(q[token]), source=self.name))
+            feed = [token]
+        return nodes, dists
+
+    # ---- tree: one draft pass per level -------------------------------------------------------
+    def _tree(self, context: Sequence[int], template: Template) -> tuple[list[ProposalNode], dict[int, np.ndarray]]:
+        shared = self._sync(context, keep_last=False)
+        if len(context) - 1 > shared:
+            self.draft.extend(list(context[shared:-1]))
+            self._cached.extend(context[shared:-1])
+        slots = slots_by_parent(template)  # template node i: (parent template node, child slot)
+        node_of_template: dict[int, int] = {}
+        nodes: list[ProposalNode] = []
+        dists: dict[int, np.ndarray] = {}  # node index (-1 = frontier) -> q [V] its children were drawn from
+        ranking: dict[int, np.ndarray] = {}  # node index -> raw draft softmax [V], for top-k children
+        drawn: dict[int, list[int]] = {}
+        for level in range(1, max_depth(template) + 1):
+            level_nodes = [i for i, s in enumerate(slots) if _depth(slots, i) == level]
+            parents = sorted({slots[i].parent for i in level_nodes})
+            partial = ProposalResult(
+                nodes=tuple(nodes), contract=ProposerContract(ProbabilitySemantics.ABSENT, SamplingRelation.IID,
+                                                              TopologyKind.TREE),
+                source=self.name, manifest_hash="",
+            )
+            round_ = compile_round(len(context), [partial]) if nodes else None
+            logits = self.draft.verify(int(context[-1]), round_)
+            self.draft.rollback()
+            for parent in parents:
+                parent_node = -1 if parent == -1 else node_of_template[parent]
+                row = 0 if parent_node == -1 else round_.origin[0][parent_node] + 1
+                dists[parent_node] = logits.probs(row, self._policy)
+                if self.config.relation is SamplingRelation.BEAM:
+                    ranking[parent_node] = logits.probs(row, RAW)
+            for i in level_nodes:
+                parent_node = -1 if slots[i].parent == -1 else node_of_template[slots[i].parent]
+                token = self._draw(dists[parent_node], ranking.get(parent_node), drawn.setdefault(parent_node, []),
+                                   slots[i].slot)
+                node_of_template[i] = len(nodes)
+                nodes.append(ProposalNode(token=token, parent=parent_node, depth=level,
+                                          q=float(dists[parent_node][token]), source=self.name))
+        return nodes, dists  # appended level by level, so parents precede children
+
+    def _draw(self, q: np.ndarray, ranking: np.ndarray | None, already: list[int], slot: int) -> int:
+        relation = self.config.relation
+        if relation is SamplingRelation.BEAM:
+            token = int(np.argsort(-ranking, kind="stable")[slot])  # deterministic top-k of the draft's softmax
+        elif relation is SamplingRelation.WITHOUT_REPLACEMENT:
+            token = sample(without_replacement_q(q, already), self._rng)
+        else:
+            token = sample(q, self._rng)
+        already.append(token)
+        return token
+
+
+def _depth(slots, i: int) -> int:
+    depth = 1
+    while slots[i].parent != -1:
+        i = slots[i].parent
+        depth += 1
+    return depth

@@ -1,0 +1,70 @@
+"""Per-round records and the generation summary built from them (the round-cost ledger)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+PHASES = ("propose", "compile", "verify", "select", "commit")
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    nodes: int  # candidate rows verified (after merging and limits)
+    proposal_depth: int  # deepest candidate row
+    accepted: int  # accepted candidate rows
+    emitted: int  # tokens published this round (accepted + bonus, cut by stop rules)
+    fallback: bool  # the proposers returned nothing: one ordinary target step
+    temp_kv_bytes: int  # KV bytes held while the round's rows were provisional
+    seconds: dict[str, float] = field(default_factory=dict)  # phase -> seconds
+
+    @property
+    def total_seconds(self) -> float:
+        return float(sum(self.seconds.values()))
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    new_tokens: int
+    rounds: int
+    mean_accepted: float  # mean accepted candidate tokens per round (the bonus not counted)
+    mean_emitted: float  # tokens per round, bonus included
+    acceptance_by_depth: list[float]  # P(depth d accepted | a depth-d candidate was offered and d - 1 accepted)
+    accepted_histogram: list[int]  # rounds by accepted length
+    fallbacks: int
+    rows_verified_mean: float
+    wall_seconds: float
+    tokens_per_s: float
+    time_split: dict[str, float]  # phase -> seconds per committed token
+    max_temp_kv_bytes: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarize(records: list[RoundRecord], new_tokens: int, wall_seconds: float) -> GenerationStats:
+    rounds = len(records)
+    accepted = np.array([r.accepted for r in records], dtype=np.int64)
+    max_depth = max((r.proposal_depth for r in records), default=0)
+    by_depth = []
+    for d in range(1, max_depth + 1):
+        offered = [r for r in records if r.proposal_depth >= d and r.accepted >= d - 1]
+        by_depth.append(sum(r.accepted >= d for r in offered) / len(offered) if offered else 0.0)
+    histogram = np.bincount(accepted, minlength=1).tolist() if rounds else []
+    per_token = max(new_tokens, 1)
+    split = {phase: sum(r.seconds.get(phase, 0.0) for r in records) / per_token for phase in PHASES}
+    return GenerationStats(
+        new_tokens=new_tokens,
+        rounds=rounds,
+        mean_accepted=float(accepted.mean()) if rounds else 0.0,
+        mean_emitted=new_tokens / rounds if rounds else 0.0,
+        acceptance_by_depth=[round(x, 4) for x in by_depth],
+        accepted_histogram=histogram,
+        fallbacks=sum(r.fallback for r in records),
+        rows_verified_mean=float(np.mean([1 + r.nodes for r in records])) if rounds else 0.0,
+        wall_seconds=wall_seconds,
+        tokens_per_s=new_tokens / wall_seconds if wall_seconds > 0 else 0.0,
+        time_split=split,
+        max_temp_kv_bytes=max((r.temp_kv_bytes for r in records), default=0),
+    )
