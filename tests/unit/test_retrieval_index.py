@@ -48,10 +48,12 @@ def test_manifest_records_layout_and_policies(fixture_index):
     assert info["layout"]["suffix"]["dtype"] == "<i4"
     assert info["query"] == {"max_suffix": 16, "min_suffix": 2, "max_matches": 64, "continuation_length": 8}
     assert info["counter"]["dtype"] == "int32" and "pruning" in info["trie"]
-    assert set(info["files"]) == {"tokens.u32", "suffix.i32", "doc_starts.i64"}
+    assert set(info["files"]) == {"tokens.u32", "suffix.i32", "doc_starts.i64", "first_token.i64"}
     index = RestIndex.open(fixture_index)
     assert index.arrays.tokens.tolist() == [4, 5, 6, 9, 4, 5, 6, 10, 11, 12]
     assert index.doc_starts.tolist() == [0, 10]
+    # tokens 4 (x2), 5 (x2), 6 (x2), 9, 10, 11 and the separator 12: bucket starts by first token
+    assert index.arrays.first_token.tolist() == [0, 0, 0, 0, 0, 2, 4, 6, 6, 6, 7, 8, 9, 10]
     assert not index.arrays.tokens.flags.writeable  # a read-only memory map
 
 

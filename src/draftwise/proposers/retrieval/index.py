@@ -8,6 +8,8 @@ On disk an index is an artifact directory (see `draftwise.artifacts`, kind "rest
     suffix.i32|i64  [T] little-endian int32 (int64 when T >= 2**31): suffix array of
                         tokens.u32, built by pydivsufsort (libdivsufsort)
     doc_starts.i64  [D + 1] little-endian int64: start of each document; the last entry is T
+    first_token.i64 [S + 2] little-endian int64 (S = separator): suffix-array rows of the
+                        suffixes starting with token t are [first[t], first[t + 1])
     manifest.json   corpus snapshot, tokenizer hash, exclusion, layout, policies, sha256s
 
 Tokens are streamed to disk while tokenizing, so a build holds one batch of text in memory
@@ -36,6 +38,7 @@ KIND = "rest_index"
 BUILDER_VERSION = "1"
 TOKENS_FILE = "tokens.u32"
 DOCS_FILE = "doc_starts.i64"
+FIRST_FILE = "first_token.i64"
 BATCH_BYTES = 1 << 21  # text per tokenizer call: big enough for the fast tokenizer's threads
 
 
@@ -200,10 +203,15 @@ def _finish(directory: Path, writer: _StreamWriter, provenance: dict, progress: 
     suffix.tofile(directory / suffix_file)
     starts = np.array(writer.starts + [writer.length], dtype="<i8")  # [D + 1]
     starts.tofile(directory / DOCS_FILE)
+    separator = int(provenance["separator"])
+    first = np.zeros(separator + 2, dtype="<i8")  # [S + 2] bucket starts by first token
+    np.cumsum(np.bincount(tokens, minlength=separator + 1), out=first[1:])
+    first.tofile(directory / FIRST_FILE)
     provenance["layout"] = {
         "tokens": {"file": TOKENS_FILE, "dtype": "<u4", "count": int(tokens.size)},
         "suffix": {"file": suffix_file, "dtype": suffix.dtype.str, "count": int(suffix.size)},
         "doc_starts": {"file": DOCS_FILE, "dtype": "<i8", "count": int(starts.size)},
+        "first_token": {"file": FIRST_FILE, "dtype": "<i8", "count": int(first.size)},
     }
     provenance["totals"] = {"documents": len(writer.starts), "stream_length": int(tokens.size),
                             "tokens": int(tokens.size) - len(writer.starts)}
@@ -321,12 +329,13 @@ class RestIndex:
         manifest = read_manifest(directory, kind=KIND, verify=verify)
         layout = manifest.provenance["layout"]
         maps, views = [], {}
-        for role in ("tokens", "suffix", "doc_starts"):
+        for role in ("tokens", "suffix", "doc_starts", "first_token"):
             spec = layout[role]
             view, handle = _map_array(directory / spec["file"], spec["dtype"], spec["count"])
             maps.append(handle)
             views[role] = view
-        arrays = SuffixArrays(views["tokens"], views["suffix"], int(manifest.provenance["separator"]))
+        arrays = SuffixArrays(views["tokens"], views["suffix"], int(manifest.provenance["separator"]),
+                              views["first_token"])
         return cls(directory, manifest, arrays, views["doc_starts"], tuple(maps))
 
     @property
@@ -356,7 +365,8 @@ class RestIndex:
 
     def memory_bytes(self) -> int:
         """Bytes mapped for queries (resident only as pages are touched)."""
-        return sum(a.nbytes for a in (self.arrays.tokens, self.arrays.suffix, self.doc_starts))
+        arrays = (self.arrays.tokens, self.arrays.suffix, self.doc_starts, self.arrays.first_token)
+        return sum(a.nbytes for a in arrays if a is not None)
 
 
 def _map_array(path: Path, dtype: str, count: int) -> tuple[np.ndarray, mmap.mmap]:

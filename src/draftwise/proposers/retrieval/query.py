@@ -47,6 +47,14 @@ class SuffixArrays:
     tokens: np.ndarray  # [T] uint32: documents, each followed by `separator`
     suffix: np.ndarray  # [T] int32 or int64: suffix start positions in lexicographic order
     separator: int  # id outside the vocabulary that ends every document
+    # [separator + 2] int64: suffixes starting with token t are rows [first[t], first[t + 1]);
+    # starting each search inside that bucket saves ~10 of ~26 bisection steps
+    first_token: np.ndarray | None = None
+
+    def bucket(self, token: int) -> tuple[int, int]:
+        if self.first_token is None:
+            return 0, int(self.suffix.shape[0])
+        return int(self.first_token[token]), int(self.first_token[token + 1])
 
 
 @dataclass(frozen=True)
@@ -80,8 +88,9 @@ def _bound(arrays: SuffixArrays, pattern: list[int], lo: int, hi: int, upper: bo
 def suffix_range(arrays: SuffixArrays, pattern: Sequence[int]) -> tuple[int, int]:
     """Suffix-array rows [lo, hi) whose suffixes start with `pattern`."""
     pattern = [int(t) for t in pattern]
-    lo = _bound(arrays, pattern, 0, arrays.suffix.shape[0], upper=False)
-    hi = _bound(arrays, pattern, lo, arrays.suffix.shape[0], upper=True)
+    first, last = arrays.bucket(pattern[0])
+    lo = _bound(arrays, pattern, first, last, upper=False)
+    hi = _bound(arrays, pattern, lo, last, upper=True)
     return lo, hi
 
 
