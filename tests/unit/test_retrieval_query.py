@@ -52,6 +52,7 @@ def test_min_and_max_suffix(tmp_path):
     assert longest_match(index.arrays, [1, 2, 3, 4, 5], QueryConfig(max_suffix=3)).length == 3
     assert longest_match(index.arrays, [5], QueryConfig()) == NO_MATCH  # shorter than min_suffix
     assert longest_match(index.arrays, [4, 99], QueryConfig()) == NO_MATCH  # id outside the vocabulary
+    assert longest_match(index.arrays, [99, 4, 5], QueryConfig()).length == 2  # usable after it
 
 
 def test_suffix_range_agrees_with_brute_force(tmp_path):

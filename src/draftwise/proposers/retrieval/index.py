@@ -291,7 +291,7 @@ class _Staging:
         self.path = out.with_name(out.name + ".partial")
         if out.exists() and not overwrite:
             raise RestIndexError(f"{out} already exists; pass overwrite (CLI: --force) to replace it")
-        if out.exists() and not (out / "manifest.json").is_file() and any(out.iterdir()):
+        if out.exists() and not (out.is_dir() and ((out / "manifest.json").is_file() or not any(out.iterdir()))):
             raise RestIndexError(f"{out} exists and is not an index; refusing to replace it")
 
     def __enter__(self) -> "_Staging":

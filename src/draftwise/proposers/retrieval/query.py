@@ -97,7 +97,11 @@ def suffix_range(arrays: SuffixArrays, pattern: Sequence[int]) -> tuple[int, int
 def longest_match(arrays: SuffixArrays, context: Sequence[int], config: QueryConfig) -> Match:
     """The longest context suffix (min_suffix..max_suffix tokens) that occurs in the corpus."""
     tail = [int(t) for t in context[-config.max_suffix :]]
-    if len(tail) < config.min_suffix or any(t >= arrays.separator or t < 0 for t in tail):
+    for i in range(len(tail) - 1, -1, -1):  # an id the index cannot hold ends the usable suffix
+        if not 0 <= tail[i] < arrays.separator:
+            tail = tail[i + 1 :]
+            break
+    if len(tail) < config.min_suffix:
         return NO_MATCH
     best = NO_MATCH
     lo_len, hi_len = config.min_suffix, len(tail)
