@@ -1,0 +1,83 @@
+"""One executor per method: turns chat messages into token ids and runs one timed generation.
+
+draftwise methods are built through `draftwise.build` (the same path as the CLI), peers in
+`peers.py`.  Every executor times its call the same way (perf_counter around the whole call,
+prefill included, as Spec-Bench does) and records emit events from the generation's own
+callback.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Protocol, Sequence
+
+from draftwise.backends.base import Backend
+from draftwise.bench.methods import MethodSpec
+from draftwise.bench.outputs import EmitClock, TurnOutput
+from draftwise.bench.pool import ModelPool
+from draftwise.build import build_decoder
+from draftwise.engine import GenerationConfig
+from draftwise.stats import PHASES
+
+
+class Executor(Protocol):
+    method: MethodSpec
+
+    def chat_prompt(self, messages: Sequence[dict]) -> list[int]: ...
+
+    def run(self, prompt: Sequence[int], max_new_tokens: int | None = None) -> TurnOutput: ...
+
+
+class DraftwiseExecutor:
+    def __init__(self, method: MethodSpec, target: Backend, draft: Backend | None) -> None:
+        self.method = method
+        self.target = target
+        self._draft = draft
+        self._decoders: dict[int, object] = {}
+
+    def chat_prompt(self, messages: Sequence[dict]) -> list[int]:
+        return self.target.chat_prompt(messages)
+
+    def _decoder(self, max_new_tokens: int | None):
+        spec = self.method.decoder
+        limit = max_new_tokens or spec.generation.max_new_tokens
+        if limit not in self._decoders:  # warm-up asks for fewer tokens; build once per length
+            sized = replace(spec, generation=replace(spec.generation, max_new_tokens=limit))
+            self._decoders[limit] = build_decoder(sized, self.target, self._draft)
+        return self._decoders[limit]
+
+    def run(self, prompt: Sequence[int], max_new_tokens: int | None = None) -> TurnOutput:
+        decoder = self._decoder(max_new_tokens)
+        clock = EmitClock()
+        result = decoder.generate(list(prompt), on_tokens=lambda tokens: clock.emit(len(tokens)))
+        wall = time.perf_counter() - clock.start
+        records = result.records
+        return TurnOutput(
+            tokens=result.tokens,
+            text=result.text,
+            wall_time=wall,
+            emit_offsets=tuple(clock.offsets),
+            accept_lengths=tuple(r.emitted for r in records),
+            rounds=tuple((r.nodes, r.proposal_depth, r.accepted, r.emitted, int(r.fallback)) for r in records),
+            phase_seconds={p: sum(r.seconds.get(p, 0.0) for r in records) for p in PHASES},
+            max_temp_kv_bytes=max((r.temp_kv_bytes for r in records), default=0),
+        )
+
+
+def prepare(method: MethodSpec, pool: ModelPool, generation: GenerationConfig) -> Executor:
+    """Load (or reuse) what `method` needs; raises ModelUnavailable or ImportError with the reason."""
+    if method.kind == "dw":
+        target = pool.backend(method.target, method.backend)
+        draft = pool.backend(method.draft, method.backend) if method.draft else None
+        return DraftwiseExecutor(method, target, draft)
+    from draftwise.bench.peers import HfExecutor, LlamaCppExecutor
+
+    if method.backend == "transformers":
+        target = pool.backend(method.target, "transformers")
+        assistant = pool.backend(method.draft, "transformers").model if method.kind == "hf-assisted" else None
+        return HfExecutor(method, target, assistant, generation)
+    lookup = method.lookup_tokens if method.kind == "llamacpp-prompt-lookup" else None
+    llama = pool.llama(method.target, lookup)
+    tokenizer = pool.backend(method.target, "llamacpp")  # same chat rendering and EOS set as draftwise's llama.cpp methods
+    return LlamaCppExecutor(method, llama, tokenizer, generation)

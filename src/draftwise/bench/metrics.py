@@ -1,0 +1,188 @@
+"""Metrics over answers: speed, speedup, the round-cost ledger, acceptance, latency, exactness.
+
+Definitions (the report repeats them):
+- tokens/s follows Spec-Bench: per question, its new tokens over its wall time (all turns),
+  then the mean over questions.  speedup = that mean / the same mean of the method's plain
+  reference (same backend, same target), over the questions both answered.
+- time per committed token = total wall / total new tokens; draftwise methods split it into
+  the engine's phases, plus "other" (prefill, stop checks, callbacks: wall minus the phases).
+- mean accepted = accepted draft tokens per verification step (bonus token not counted),
+  pooled over every step; acceptance by depth, fallbacks and rows verified are pooled the
+  same way with `draftwise.stats.summarize`, so they mean what the engine's stats mean.
+- inter-token latency = gap between consecutive emit events; a round that publishes several
+  tokens is one event, as a streaming reader sees it.  TTFT = start to the first event.
+- a mismatch is a (question, turn) whose tokens differ from the reference's; it is reported
+  with the first differing position (temperature 0 only: sampled outputs legitimately differ).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from draftwise.bench.store import Answer
+from draftwise.stats import PHASES, RoundRecord, summarize
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    question_id: str
+    turn: int
+    first_difference: int  # first position where the tokens differ (or where the shorter one ends)
+    length: int
+    reference_length: int
+
+
+@dataclass(frozen=True)
+class Latency:
+    p50_ms: float | None
+    p90_ms: float | None
+    p99_ms: float | None
+    max_ms: float | None
+    ttft_median_ms: float | None
+
+
+@dataclass(frozen=True)
+class MethodMetrics:
+    questions: int
+    errors: int
+    new_tokens: int
+    wall_time: float
+    tokens_per_s: float
+    speedup: float | None  # None for a method without a reference (or the reference itself: 1.0)
+    speedup_per_prompt_median: float | None
+    ms_per_token: float
+    time_split_ms: dict[str, float] | None  # phase -> ms per committed token (draftwise methods)
+    mean_accepted: float | None
+    accepted_histogram: list[int] | None
+    acceptance_by_depth: list[float] | None
+    fallback_rate: float | None
+    rows_verified_mean: float | None
+    max_temp_kv_bytes: int | None
+    latency: Latency
+    mismatches: int | None  # None: not checked (no reference, or sampling)
+    mismatch_examples: list[Mismatch]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def first_difference(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def find_mismatches(answers: list[Answer], reference: dict[str, Answer]) -> list[Mismatch]:
+    found = []
+    for answer in answers:
+        ref = reference.get(answer.question_id)
+        if ref is None or ref.error or answer.error:
+            continue
+        for turn, (mine, theirs) in enumerate(zip(answer.turns, ref.turns)):
+            at = first_difference(mine.tokens, theirs.tokens)
+            if at is not None:
+                found.append(Mismatch(answer.question_id, turn, at, len(mine.tokens), len(theirs.tokens)))
+    return found
+
+
+def mean_tokens_per_s(answers: list[Answer]) -> float:
+    speeds = [a.tokens_per_s for a in answers if not a.error]
+    return float(np.mean(speeds)) if speeds else 0.0
+
+
+def _speedups(answers: list[Answer], reference: dict[str, Answer] | None) -> tuple[float | None, float | None]:
+    if reference is None:
+        return None, None
+    shared = [a for a in answers if not a.error and a.question_id in reference and not reference[a.question_id].error]
+    if not shared:
+        return None, None
+    ref_answers = [reference[a.question_id] for a in shared]
+    ref_mean = mean_tokens_per_s(ref_answers)
+    per_prompt = [a.tokens_per_s / r.tokens_per_s for a, r in zip(shared, ref_answers) if r.tokens_per_s > 0]
+    overall = mean_tokens_per_s(shared) / ref_mean if ref_mean > 0 else None
+    return overall, (float(np.median(per_prompt)) if per_prompt else None)
+
+
+def _latency(answers: list[Answer]) -> Latency:
+    gaps: list[float] = []
+    firsts: list[float] = []
+    for answer in answers:
+        for turn in answer.turns:
+            offsets = np.asarray(turn.emit_offsets, dtype=np.float64)
+            if offsets.size:
+                firsts.append(float(offsets[0]))
+                gaps.extend(np.diff(offsets).tolist())
+    if not gaps:
+        return Latency(None, None, None, None, float(np.median(firsts)) * 1e3 if firsts else None)
+    ms = np.asarray(gaps) * 1e3
+    return Latency(*(round(float(np.percentile(ms, q)), 3) for q in (50, 90, 99)), round(float(ms.max()), 3),
+                   round(float(np.median(firsts)) * 1e3, 3))
+
+
+def _round_records(answers: list[Answer]) -> list[RoundRecord] | None:
+    turns = [t for a in answers for t in a.turns]
+    if not turns or any(t.rounds is None for t in turns):
+        return None
+    return [RoundRecord(nodes=n, proposal_depth=d, accepted=acc, emitted=e, fallback=bool(f), temp_kv_bytes=0)
+            for t in turns for (n, d, acc, e, f) in t.rounds]
+
+
+def _acceptance(answers: list[Answer], tokens: int, wall: float) -> dict:
+    """Acceptance from draftwise rounds, or from per-step accept lengths (transformers peers)."""
+    records = _round_records(answers)
+    if records:
+        stats = summarize(records, tokens, wall)
+        return {"mean_accepted": round(stats.mean_accepted, 4), "accepted_histogram": stats.accepted_histogram,
+                "acceptance_by_depth": stats.acceptance_by_depth,
+                "fallback_rate": round(stats.fallbacks / stats.rounds, 4) if stats.rounds else 0.0,
+                "rows_verified_mean": round(stats.rows_verified_mean, 3)}
+    steps = [n for a in answers for t in a.turns for n in (t.accept_lengths or ())]
+    known = all(t.accept_lengths is not None for a in answers for t in a.turns)
+    if not steps or not known:
+        return {}
+    accepted = np.asarray(steps, dtype=np.int64) - 1  # the step's own target token is not an accepted draft
+    return {"mean_accepted": round(float(accepted.mean()), 4), "accepted_histogram": np.bincount(accepted).tolist()}
+
+
+def _time_split(answers: list[Answer], tokens: int, wall: float) -> dict[str, float] | None:
+    turns = [t for a in answers for t in a.turns]
+    if not turns or any(t.phase_seconds is None for t in turns) or tokens == 0:
+        return None
+    totals = {p: sum(t.phase_seconds.get(p, 0.0) for t in turns) for p in PHASES}
+    totals["other"] = max(0.0, wall - sum(totals.values()))
+    return {p: round(s / tokens * 1e3, 4) for p, s in totals.items()}
+
+
+def method_metrics(answers: list[Answer], reference: dict[str, Answer] | None, check_exact: bool,
+                   is_reference: bool = False) -> MethodMetrics:
+    good = [a for a in answers if not a.error]
+    tokens = sum(a.new_tokens for a in good)
+    wall = sum(a.wall_time for a in good)
+    speedup, per_prompt = (1.0, 1.0) if is_reference else _speedups(good, reference)
+    acceptance = _acceptance(good, tokens, wall)
+    checked = check_exact and reference is not None and not is_reference
+    mismatches = find_mismatches(good, reference) if checked else []
+    kv = [t.max_temp_kv_bytes for a in good for t in a.turns if t.max_temp_kv_bytes is not None]
+    return MethodMetrics(
+        questions=len(good),
+        errors=len(answers) - len(good),
+        new_tokens=tokens,
+        wall_time=round(wall, 4),
+        tokens_per_s=round(mean_tokens_per_s(good), 3),
+        speedup=None if speedup is None else round(speedup, 4),
+        speedup_per_prompt_median=None if per_prompt is None else round(per_prompt, 4),
+        ms_per_token=round(wall / tokens * 1e3, 4) if tokens else 0.0,
+        time_split_ms=_time_split(good, tokens, wall),
+        mean_accepted=acceptance.get("mean_accepted"),
+        accepted_histogram=acceptance.get("accepted_histogram"),
+        acceptance_by_depth=acceptance.get("acceptance_by_depth"),
+        fallback_rate=acceptance.get("fallback_rate"),
+        rows_verified_mean=acceptance.get("rows_verified_mean"),
+        max_temp_kv_bytes=max(kv) if kv else None,
+        latency=_latency(good),
+        mismatches=(len(mismatches) if checked else (0 if is_reference and check_exact else None)),
+        mismatch_examples=mismatches[:20],
+    )

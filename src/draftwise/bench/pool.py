@@ -1,0 +1,68 @@
+"""Models loaded once per benchmark run and shared by every method that names them.
+
+Sharing is the point: the transformers peers call `generate` on the very model object that
+draftwise's transformers methods verify with, so weights, dtype and threads are the same.
+A load that fails is remembered with its reason, so every method needing it is skipped
+with that reason instead of retrying.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from draftwise.backends.base import Backend
+from draftwise.build import load_backend
+
+LOAD_ERRORS = (ImportError, OSError, ValueError, RuntimeError)
+LLAMA_N_CTX = 4096  # the draftwise llama.cpp backend's default context, so both see the same window
+
+
+class ModelUnavailable(RuntimeError):
+    """A model or runtime that could not be loaded; the message is the reason."""
+
+
+class ModelPool:
+    def __init__(self, threads: int, seed: int, progress: Callable[[str], None] | None = None) -> None:
+        self.threads = threads
+        self.seed = seed
+        self._say = progress or (lambda message: None)
+        self._loaded: dict[tuple, object] = {}
+        self._failed: dict[tuple, str] = {}
+
+    def backend(self, model: str, kind: str) -> Backend:
+        """A draftwise backend ('transformers' or 'llamacpp') for `model`."""
+        return self._get(("backend", model, kind), lambda: load_backend(model, kind, self.threads, progress=self._say))
+
+    def llama(self, model: str, lookup_tokens: int | None) -> object:
+        """llama-cpp-python's high-level `Llama`; with `lookup_tokens` it carries LlamaPromptLookupDecoding.
+        Two objects, not one: a draft model makes `Llama` keep logits for every row (logits_all),
+        which is fixed when the context is created."""
+        return self._get(("llama", model, lookup_tokens), lambda: self._load_llama(model, lookup_tokens))
+
+    def loaded(self) -> list[tuple]:
+        return list(self._loaded)
+
+    def _get(self, key: tuple, load: Callable[[], object]):
+        if key in self._failed:
+            raise ModelUnavailable(self._failed[key])
+        if key not in self._loaded:
+            self._say(f"loading {key[1]} ({key[0]} {key[2]})")
+            try:
+                self._loaded[key] = load()
+            except LOAD_ERRORS as exc:
+                self._failed[key] = f"{key[0]} {key[2]} for {key[1]}: {exc.__class__.__name__}: {exc}"
+                raise ModelUnavailable(self._failed[key]) from exc
+        return self._loaded[key]
+
+    def _load_llama(self, model: str, lookup_tokens: int | None):
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        from draftwise.models import resolve
+
+        resolved = resolve(model, progress=self._say)
+        if resolved.kind != "gguf":
+            raise ValueError(f"llama.cpp loads .gguf models; {model!r} is a {resolved.kind}")
+        draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens) if lookup_tokens else None
+        return Llama(model_path=resolved.path, n_ctx=LLAMA_N_CTX, n_threads=self.threads, n_threads_batch=self.threads,
+                     seed=self.seed, draft_model=draft, verbose=False)
