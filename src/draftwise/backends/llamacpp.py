@@ -87,6 +87,9 @@ class LlamaCppBackend:
     @classmethod
     def load(cls, model: ResolvedModel, n_threads: int | None = None, n_ctx: int = 4096,
              max_tree_leaves: int = 64) -> "LlamaCppBackend":
+        """A context of n_ctx cells shared by max_tree_leaves + 1 sequences.  max_tree_leaves=0 gives
+        a one-sequence context for chain-only use (a draft model): chains never need more, and a
+        quick interleaved check under load measured plain decoding ~4% faster with 1 sequence than 65."""
         if model.kind != "gguf":
             raise BackendError(f"the llama.cpp backend loads .gguf files; {model.path!r} is a {model.kind}")
         threads = n_threads or len(os.sched_getaffinity(0))
