@@ -27,7 +27,7 @@ import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from draftwise.build import DecoderSpec, choose_backend, planned_contracts, preflight
+from draftwise.build import BACKENDS, PROPOSERS, DecoderSpec, choose_backend, planned_contracts, preflight
 from draftwise.engine import GenerationConfig
 from draftwise.models import resolve
 from draftwise.topology.compile import TreeLimits
@@ -203,6 +203,10 @@ def _dw_method(name: str, values: dict[str, str], defaults: MethodDefaults) -> M
             index=values.get("index"),
             generation=replace(gen, limits=limits, exact=_bool(values, "exact", gen.exact)),
         )
+        if spec.proposer not in PROPOSERS:  # planned_contracts reads anything unknown as REST
+            raise MethodError(f"method {name!r}: unknown proposer {spec.proposer!r}; choose {', '.join(PROPOSERS)}")
+        if spec.backend not in BACKENDS:
+            raise MethodError(f"method {name!r}: unknown backend {spec.backend!r}; choose {', '.join(BACKENDS)}")
         if spec.proposer == "draft-model" and not spec.draft:
             raise MethodError(f"method {name!r}: proposer=draft-model needs draft=MODEL (or --draft)")
         planned_contracts(spec)  # unknown proposer, bad tree template, bad relation

@@ -1,0 +1,130 @@
+"""`draftwise bench`: a typer sub-app.  Wire it with `app.add_typer(bench_app, name="bench")`.
+
+`draftwise bench --workload ... --method ... --out DIR` runs (the callback does the work
+when no subcommand is given); `draftwise bench compare A B` compares two result directories.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from draftwise.bench.methods import PEERS, MethodError
+from draftwise.bench.store import StoreError
+from draftwise.bench.workloads import WorkloadError
+from draftwise.build import default_threads
+from draftwise.engine import GenerationConfig
+from draftwise.models import DEFAULT_MODEL
+
+bench_app = typer.Typer(help="Benchmark draftwise methods against plain decoding and peers (Spec-Bench protocol).")
+err = Console(stderr=True)
+
+METHOD_HELP = (
+    "NAME=CONFIG (repeatable). CONFIG: dw[:key=value,...] (keys: proposer, backend, verifier, target, draft, k, "
+    "confidence, tree, relation, lookup, ngram, candidates, index, max_nodes, max_depth, exact), a peer "
+    f"({', '.join(PEERS)}) with optional :target=,draft=,tokens=, or a .json/.toml file of the same keys."
+)
+
+
+def _fail(message: str) -> None:
+    err.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(2)
+
+
+@bench_app.callback(invoke_without_command=True)
+def run(
+    ctx: typer.Context,
+    workload: list[str] = typer.Option([], help="specbench:PATH[:CATS][:N] | humaneval:A-B | prompts:PATH (repeatable)."),
+    method: list[str] = typer.Option([], help=METHOD_HELP),
+    out: Optional[Path] = typer.Option(None, help="Result directory (answers, summary.json, report.md, plots)."),
+    target: str = typer.Option(DEFAULT_MODEL, help="Target model for every method that does not name its own."),
+    draft: Optional[str] = typer.Option(None, help="Draft model for draft-model methods and hf-assisted."),
+    max_new_tokens: int = typer.Option(GenerationConfig().max_new_tokens),
+    temperature: float = typer.Option(0.0, help="0 = greedy (outputs are then checked against plain)."),
+    seed: int = typer.Option(0),
+    repeats: int = typer.Option(1, help="Runs per question and method; the median is kept."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads for every backend (default: all cores)."),
+    warmup_tokens: int = typer.Option(8, help="New tokens of each method's warm-up generation."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out from its saved answers."),
+    summarize_only: bool = typer.Option(False, "--summarize", help="Only rebuild summary, plots and report of --out."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+) -> None:
+    """Run a benchmark (when no subcommand is given)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from draftwise.bench.main import finish, run_bench
+    from draftwise.bench.runner import BenchSettings
+
+    if out is None:
+        _fail("--out DIR is required")
+    if summarize_only:
+        summary = finish(out)
+        _print_summary(summary, out)
+        return
+    try:
+        settings = BenchSettings(workloads=tuple(workload), methods=tuple(method), target=target, draft=draft,
+                                 max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, repeats=repeats,
+                                 threads=threads or default_threads(), warmup_tokens=warmup_tokens)
+        summary = run_bench(settings, out, resume=resume, console=err, show_progress=not quiet)
+    except (WorkloadError, MethodError, StoreError, ValueError) as exc:
+        _fail(str(exc))
+        return
+    _print_summary(summary, out)
+
+
+def _print_summary(summary: dict, out: Path) -> None:
+    table = Table("method", "tok/s", "speedup", "mean accepted", "mismatches", "status", title=f"draftwise bench: {out}")
+    for name, m in summary["methods"].items():
+        o = m["overall"]
+        status = f"skipped: {m['skipped']}" if m["skipped"] and not o["questions"] else f"{o['questions']} questions"
+        table.add_row(name, f"{o['tokens_per_s']:.1f}", _num(o["speedup"]), _num(o["mean_accepted"]),
+                      _num(o["mismatches"]), status)
+    Console().print(table)
+    err.print(f"report: {out / 'report.md'}")
+
+
+def _num(value) -> str:
+    return "–" if value is None else (f"{value:.2f}" if isinstance(value, float) else str(value))
+
+
+@bench_app.command("compare")
+def compare_cmd(
+    a: Path = typer.Argument(..., help="Baseline result directory."),
+    b: Path = typer.Argument(..., help="New result directory."),
+    categories: bool = typer.Option(False, "--categories", help="Also compare per category."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Per-method ratio changes (B / A) between two result directories."""
+    from draftwise.bench.compare import compare, load_summary, settings_differences
+
+    try:
+        sa, sb = load_summary(a), load_summary(b)
+    except FileNotFoundError as exc:
+        _fail(str(exc))
+        return
+    changes, only_a, only_b = compare(sa, sb, categories)
+    differences = settings_differences(sa, sb)
+    if as_json:
+        print(json.dumps({"changes": [asdict(c) for c in changes], "only_in_a": only_a, "only_in_b": only_b,
+                          "settings_differences": differences}))
+        return
+    table = Table("method", "scope", "tok/s A → B", "×", "speedup A → B", "×", "mean accepted A → B", "mismatches A → B",
+                  title=f"B / A   (A = {a}, B = {b})")
+    for c in changes:
+        table.add_row(c.method, c.scope, f"{_num(c.a['tokens_per_s'])} → {_num(c.b['tokens_per_s'])}",
+                      _num(c.ratio["tokens_per_s"]), f"{_num(c.a['speedup'])} → {_num(c.b['speedup'])}",
+                      _num(c.ratio["speedup"]), f"{_num(c.a['mean_accepted'])} → {_num(c.b['mean_accepted'])}",
+                      f"{_num(c.mismatches[0])} → {_num(c.mismatches[1])}")
+    Console().print(table)
+    for name in only_a:
+        err.print(f"only in A: {name}")
+    for name in only_b:
+        err.print(f"only in B: {name}")
+    for line in differences:
+        err.print(f"[yellow]settings differ[/] {line}")

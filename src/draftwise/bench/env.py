@@ -1,0 +1,54 @@
+"""The environment a result was measured in: machine, threads, library versions, model hashes."""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import os
+import platform
+
+from draftwise.models import ModelError, resolve
+
+LIBRARIES = ("draftwise", "torch", "transformers", "llama_cpp_python", "numpy", "tokenizers")
+
+
+def library_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def model_hashes(names: set[str]) -> dict[str, str | None]:
+    """sha256 of each model file (pinned for aliases, so nothing is re-read or downloaded)."""
+    hashes: dict[str, str | None] = {}
+    for name in sorted(names):
+        try:
+            hashes[name] = resolve(name, pull=False).sha256
+        except ModelError:
+            hashes[name] = None
+    return hashes
+
+
+def machine() -> dict:
+    cpu_model = None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            cpu_model = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), None)
+    except OSError:
+        pass
+    return {
+        "node": platform.node(),
+        "system": f"{platform.system()} {platform.release()}",
+        "machine": platform.machine(),
+        "cpu": cpu_model,
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+    }
+
+
+def environment(threads: int, models: set[str]) -> dict:
+    return {"machine": machine(), "threads": threads, "libraries": library_versions(), "models": model_hashes(models)}

@@ -1,0 +1,108 @@
+"""PNG plots from summary.json (matplotlib, Agg: no display on these machines)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+import numpy as np  # noqa: E402
+
+from draftwise.stats import PHASES  # noqa: E402
+
+
+def _ran(summary: dict) -> dict[str, dict]:
+    return {name: m for name, m in summary["methods"].items() if m["overall"]["questions"]}
+
+
+def plot_speedup(summary: dict, path: Path) -> Path | None:
+    methods = {n: m for n, m in _ran(summary).items() if m["overall"]["speedup"] is not None}
+    categories = summary["workload"]["categories"] + ["overall"]
+    if not methods:
+        return None
+    width = 0.8 / len(methods)
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(categories) + 2), 4))
+    x = np.arange(len(categories))
+    for i, (name, m) in enumerate(methods.items()):
+        values = [(m["categories"].get(c) or m["overall"])["speedup"] if c != "overall" else m["overall"]["speedup"]
+                  for c in categories]
+        ax.bar(x + i * width, [v or 0.0 for v in values], width, label=name)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(x + width * (len(methods) - 1) / 2, categories, rotation=30, ha="right")
+    ax.set_ylabel("speedup over plain (same backend)")
+    ax.set_title("Speedup per category")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_accepted_histogram(summary: dict, path: Path) -> Path | None:
+    methods = {n: m["overall"]["accepted_histogram"] for n, m in _ran(summary).items()
+               if m["overall"]["accepted_histogram"] and len(m["overall"]["accepted_histogram"]) > 1}
+    if not methods:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, histogram in methods.items():
+        counts = np.asarray(histogram, dtype=np.float64)
+        ax.plot(np.arange(len(counts)), counts / counts.sum(), marker="o", label=name)
+    ax.set_xlabel("accepted draft tokens in a step")
+    ax.set_ylabel("fraction of steps")
+    ax.set_title("Accepted length distribution")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_acceptance_by_depth(summary: dict, path: Path) -> Path | None:
+    methods = {n: m["overall"]["acceptance_by_depth"] for n, m in _ran(summary).items()
+               if m["overall"]["acceptance_by_depth"]}
+    if not methods:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, rates in methods.items():
+        ax.plot(np.arange(1, len(rates) + 1), rates, marker="o", label=name)
+    ax.set_xlabel("depth")
+    ax.set_ylabel("P(accepted | offered, parent accepted)")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("Acceptance by depth")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_time_split(summary: dict, path: Path) -> Path | None:
+    """Stacked ms per committed token; peers have no phases, so they show one 'total' bar."""
+    methods = _ran(summary)
+    if not methods:
+        return None
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(methods) + 2), 4))
+    names = list(methods)
+    bottom = np.zeros(len(names))
+    for phase in (*PHASES, "other"):
+        values = np.array([(m["overall"]["time_split_ms"] or {}).get(phase, 0.0) for m in methods.values()])
+        ax.bar(names, values, bottom=bottom, label=phase)
+        bottom += values
+    totals = np.array([m["overall"]["ms_per_token"] if not m["overall"]["time_split_ms"] else 0.0
+                       for m in methods.values()])
+    ax.bar(names, totals, bottom=bottom, label="total (no phase data)", color="lightgray")
+    ax.set_ylabel("ms per committed token")
+    ax.set_title("Time per committed token, by phase")
+    ax.tick_params(axis="x", rotation=30)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_plots(summary: dict, root: Path) -> list[Path]:
+    made = [
+        plot_speedup(summary, root / "speedup_by_category.png"),
+        plot_accepted_histogram(summary, root / "accepted_length_histogram.png"),
+        plot_acceptance_by_depth(summary, root / "acceptance_by_depth.png"),
+        plot_time_split(summary, root / "time_split.png"),
+    ]
+    return [p for p in made if p is not None]

@@ -1,0 +1,156 @@
+"""report.md: what was run, on what, what won, and the tables, for a reader new to the project."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DEFINITIONS = """\
+**How to read this.** *tok/s* is Spec-Bench's: each question's new tokens over its wall time
+(prefill included, all turns), averaged over questions. *Speedup* divides that by the same
+average of the method's **plain reference on the same backend and target** (transformers and
+llama.cpp legitimately produce different greedy text, so each is checked against its own).
+*Mismatches* counts (question, turn) outputs whose tokens differ from that reference at
+temperature 0; a speedup with mismatches is not a valid speedup. *Mean accepted* is accepted
+draft tokens per verification step, the step's own target token not counted. *ms/token* is
+wall time per committed token; for draftwise methods it is split into the engine's phases
+(propose, compile, verify, select, commit) and *other* (prefill, stop checks, callbacks).
+*ITL* is the gap between consecutive emit events (a round that publishes several tokens is
+one event). Peak memory is the process's maximum RSS, which only grows: the value after a
+method was loaded includes every model loaded before it.
+"""
+
+
+def _fmt(value, digits: int = 2) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _winner(summary: dict) -> str:
+    valid = [(m["overall"]["speedup"], name) for name, m in summary["methods"].items()
+             if m["overall"]["questions"] and m["overall"]["speedup"] is not None and m["overall"]["mismatches"] in (0, None)
+             and m["reference"] != name]
+    fastest = max(((m["overall"]["tokens_per_s"], n) for n, m in summary["methods"].items() if m["overall"]["questions"]),
+                  default=None)
+    lines = []
+    if valid:
+        speedup, name = max(valid)
+        lines.append(f"Best exact speedup over its own backend's plain decoding: **{name}**, {speedup:.2f}x.")
+    if fastest:
+        lines.append(f"Highest absolute throughput: **{fastest[1]}**, {fastest[0]:.1f} tok/s.")
+    bad = [n for n, m in summary["methods"].items() if m["overall"]["mismatches"]]
+    if bad:
+        lines.append(f"**Outputs differ from the plain reference** for: {', '.join(bad)} (see Exactness).")
+    return " ".join(lines) or "No method finished a question."
+
+
+def _overview(summary: dict) -> list[str]:
+    s = summary["settings"]
+    env = summary.get("environment", {})
+    machine = env.get("machine", {})
+    w = summary["workload"]
+    return [
+        "# draftwise benchmark", "",
+        f"Workload `{w['spec']}`: {w['questions']} questions ({w['multi_turn']} multi-turn) in categories "
+        f"{', '.join(w['categories'])}.",
+        f"Target `{s['target']}`" + (f", draft `{s['draft']}`" if s.get("draft") else "") +
+        f"; temperature {s['temperature']}, {s['max_new_tokens']} new tokens at most, seed {s['seed']}, "
+        f"{s['repeats']} repeat(s) (median kept), {s['threads']} threads.",
+        f"Machine: {machine.get('cpu') or machine.get('machine', '?')}, {machine.get('cpus_usable', '?')} usable cores; "
+        f"libraries {', '.join(f'{k} {v}' for k, v in env.get('libraries', {}).items() if v)}.", "",
+        "## Result", "", _winner(summary), "",
+    ]
+
+
+def _methods_table(summary: dict) -> list[str]:
+    lines = ["## Methods", "", "| method | configuration | reference | status |", "|---|---|---|---|"]
+    for name, m in summary["methods"].items():
+        status = f"skipped: {m['skipped']}" if m["skipped"] else f"{m['overall']['questions']} questions"
+        if m["overall"]["errors"]:
+            status += f", {m['overall']['errors']} failed"
+        lines.append(f"| {name} | {m['config']} | {m['reference'] or '–'} | {status.replace('|', '/')} |")
+    return lines + [""]
+
+
+def _overall_table(summary: dict) -> list[str]:
+    lines = ["## Overall", "",
+             "| method | tok/s | speedup | median per-prompt speedup | ms/token | mean accepted | fallback rate | "
+             "rows/step | ITL p50 / p90 ms | TTFT ms | max temp KV MB | mismatches |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, m in summary["methods"].items():
+        o = m["overall"]
+        if not o["questions"]:
+            continue
+        lat = o["latency"]
+        kv = None if o["max_temp_kv_bytes"] is None else o["max_temp_kv_bytes"] / 2**20
+        lines.append(f"| {name} | {_fmt(o['tokens_per_s'], 1)} | {_fmt(o['speedup'])} | "
+                     f"{_fmt(o['speedup_per_prompt_median'])} | {_fmt(o['ms_per_token'], 1)} | "
+                     f"{_fmt(o['mean_accepted'])} | {_fmt(o['fallback_rate'])} | {_fmt(o['rows_verified_mean'], 1)} | "
+                     f"{_fmt(lat['p50_ms'], 1)} / {_fmt(lat['p90_ms'], 1)} | {_fmt(lat['ttft_median_ms'], 0)} | "
+                     f"{_fmt(kv, 1)} | {_fmt(o['mismatches'])} |")
+    return lines + [""]
+
+
+def _category_table(summary: dict) -> list[str]:
+    categories = summary["workload"]["categories"]
+    ran = {n: m for n, m in summary["methods"].items() if m["overall"]["questions"]}
+    lines = ["## Speedup by category (tok/s in parentheses)", "",
+             "| method | " + " | ".join(categories) + " |", "|---|" + "---|" * len(categories)]
+    for name, m in ran.items():
+        cells = []
+        for c in categories:
+            cm = m["categories"].get(c)
+            cells.append("–" if not cm or not cm["questions"] else f"{_fmt(cm['speedup'])} ({_fmt(cm['tokens_per_s'], 1)})")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def _split_table(summary: dict) -> list[str]:
+    rows = {n: m["overall"] for n, m in summary["methods"].items() if m["overall"]["time_split_ms"]}
+    if not rows:
+        return []
+    phases = list(next(iter(rows.values()))["time_split_ms"])
+    lines = ["## Where the time goes (ms per committed token)", "",
+             "| method | " + " | ".join(phases) + " | acceptance by depth |", "|---|" + "---|" * (len(phases) + 1)]
+    for name, o in rows.items():
+        depth = ", ".join(f"{x:.2f}" for x in (o["acceptance_by_depth"] or [])) or "–"
+        lines.append(f"| {name} | " + " | ".join(_fmt(o["time_split_ms"][p], 2) for p in phases) + f" | {depth} |")
+    return lines + [""]
+
+
+def _exactness(summary: dict) -> list[str]:
+    lines = ["## Exactness", ""]
+    if summary["settings"]["temperature"] != 0.0:
+        return lines + ["Sampling run (temperature > 0): outputs are not compared token by token.", ""]
+    for name, m in summary["methods"].items():
+        o = m["overall"]
+        if o["mismatches"] is None:
+            if o["questions"]:
+                lines.append(f"- {name}: not checked (no plain reference on its backend).")
+            continue
+        if m["reference"] == name:
+            lines.append(f"- {name}: is the reference of its backend.")
+        elif o["mismatches"] == 0:
+            lines.append(f"- {name}: identical to {m['reference']} on every turn.")
+        else:
+            first = ", ".join(f"{x['question_id']} turn {x['turn']} at token {x['first_difference']}"
+                              for x in o["mismatch_examples"][:5])
+            lines.append(f"- **{name}: {o['mismatches']} turn(s) differ from {m['reference']}**; first: {first}.")
+    return lines + [""]
+
+
+def render_report(summary: dict, plots: list[Path]) -> str:
+    lines = _overview(summary) + _methods_table(summary) + _overall_table(summary) + _category_table(summary)
+    lines += _split_table(summary) + _exactness(summary)
+    if plots:
+        lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
+    lines += ["## Definitions", "", DEFINITIONS]
+    return "\n".join(lines)
+
+
+def write_report(summary: dict, root: Path, plots: list[Path]) -> Path:
+    path = root / "report.md"
+    path.write_text(render_report(summary, plots))
+    return path

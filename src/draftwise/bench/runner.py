@@ -1,0 +1,167 @@
+"""The benchmark protocol.
+
+1. Parse the workload and the methods; settle backends; pick each family's plain reference.
+2. Load every model once (ModelPool); a method that cannot be prepared is skipped, with why.
+3. Warm-up: one short generation per method (first question, `warmup_tokens` new tokens),
+   so first-call costs (allocations, kernel selection, caches) stay out of the timings.
+4. Questions in order; for each, R repeats; in each repeat every method answers the whole
+   question (all turns) before the next method starts.  The method order rotates by one per
+   question so no method always runs first (CPU frequency and cache state drift).
+5. Per turn the repeat with the median wall time is kept (the lower median for even R), so
+   that turn's tokens, phase split and latencies all come from one real run.
+6. The question's answer line is appended to the method's JSONL as soon as it is done:
+   `--resume` skips (method, question) pairs already on disk.
+"""
+
+from __future__ import annotations
+
+import resource
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from draftwise.bench.executors import Executor, prepare
+from draftwise.bench.methods import MethodDefaults, MethodSpec, check_names, parse_method, references, resolve_backend
+from draftwise.bench.outputs import TurnOutput
+from draftwise.bench.pool import LOAD_ERRORS, ModelPool, ModelUnavailable
+from draftwise.bench.store import Answer, ResultStore, error_answer
+from draftwise.bench.workloads import Question, Workload, messages_for, parse_workloads
+from draftwise.engine import GenerationConfig
+from draftwise.sampling import SamplingPolicy
+
+GENERATION_ERRORS = (RuntimeError, ValueError)  # backend refusals, context overflow, torch errors
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    workloads: tuple[str, ...]
+    methods: tuple[str, ...]
+    target: str
+    draft: str | None = None
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    seed: int = 0
+    repeats: int = 1
+    threads: int = 1
+    warmup_tokens: int = 8
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"--repeats must be >= 1, got {self.repeats}")
+        if not self.methods:
+            raise ValueError("give at least one --method")
+        if not self.workloads:
+            raise ValueError("give at least one --workload")
+
+    def generation(self) -> GenerationConfig:
+        return GenerationConfig(max_new_tokens=self.max_new_tokens, policy=SamplingPolicy(temperature=self.temperature),
+                                seed=self.seed)
+
+    def as_dict(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    settings: BenchSettings
+    workload: Workload
+    methods: tuple[MethodSpec, ...]
+    references: dict[str, str | None]  # method -> its family's plain reference
+
+
+def make_plan(settings: BenchSettings) -> BenchPlan:
+    """Everything that can be checked before a model is loaded."""
+    workload = parse_workloads(list(settings.workloads))
+    defaults = MethodDefaults(settings.target, settings.draft, settings.generation())
+    methods = [resolve_backend(parse_method(text, defaults)) for text in settings.methods]
+    check_names(methods)
+    return BenchPlan(settings, workload, tuple(methods), references(methods))
+
+
+@dataclass
+class Session:
+    """What this process learned that the answer files do not hold."""
+
+    skipped: dict[str, str] = field(default_factory=dict)  # method -> reason
+    rss_after_load_mb: dict[str, float] = field(default_factory=dict)
+    checkpoints: dict[str, dict] = field(default_factory=dict)  # method -> backend identity
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def prepare_all(plan: BenchPlan, pool: ModelPool, session: Session) -> dict[str, Executor]:
+    executors: dict[str, Executor] = {}
+    for method in plan.methods:
+        try:
+            executors[method.name] = prepare(method, pool, plan.settings.generation())
+        except (ModelUnavailable, *LOAD_ERRORS) as exc:
+            session.skipped[method.name] = str(exc)
+            continue
+        session.rss_after_load_mb[method.name] = round(peak_rss_mb(), 1)
+        target = getattr(executors[method.name], "target", None) or getattr(executors[method.name], "tokenizer", None)
+        if target is not None:
+            session.checkpoints[method.name] = {"checkpoint": target.info.checkpoint,
+                                                "tokenizer_hash": target.info.tokenizer_hash}
+    return executors
+
+
+def warm_up(executors: dict[str, Executor], question: Question, tokens: int, session: Session) -> None:
+    for name in list(executors):
+        executor = executors[name]
+        try:
+            executor.run(executor.chat_prompt(messages_for(question, 0, [])), max_new_tokens=tokens)
+        except GENERATION_ERRORS as exc:
+            session.skipped[name] = f"warm-up failed: {exc.__class__.__name__}: {exc}"
+            del executors[name]
+
+
+def answer_question(executor: Executor, question: Question) -> list[TurnOutput]:
+    """All turns, each with the method's own earlier answers in the chat."""
+    outputs: list[TurnOutput] = []
+    for turn in range(len(question.turns)):
+        prompt = executor.chat_prompt(messages_for(question, turn, [o.text for o in outputs]))
+        outputs.append(executor.run(prompt))
+    return outputs
+
+
+def median_answer(method: str, question: Question, repeats: list[list[TurnOutput]]) -> Answer:
+    turns, walls = [], []
+    for turn in range(len(question.turns)):
+        times = [r[turn].wall_time for r in repeats]
+        pick = int(np.argsort(times, kind="stable")[(len(times) - 1) // 2])
+        turns.append(repeats[pick][turn])
+        walls.append(tuple(times))
+    return Answer(method, question.question_id, question.category, tuple(turns), tuple(walls))
+
+
+def run_questions(plan: BenchPlan, executors: dict[str, Executor], store: ResultStore,
+                  advance: Callable[[], None]) -> None:
+    done = {name: set(store.load(name)) for name in executors}
+    names = list(executors)
+    for index, question in enumerate(plan.workload.questions):
+        shift = index % len(names) if names else 0
+        order = [n for n in names[shift:] + names[:shift] if question.question_id not in done[n]]
+        runs: dict[str, list[list[TurnOutput]]] = {n: [] for n in order}
+        failed: dict[str, str] = {}
+        for _ in range(plan.settings.repeats):
+            for name in order:
+                if name not in failed:
+                    try:
+                        runs[name].append(answer_question(executors[name], question))
+                    except GENERATION_ERRORS as exc:
+                        failed[name] = f"{exc.__class__.__name__}: {exc}"
+                advance()
+        for name in order:
+            model_id = executors[name].method.describe()
+            answer = error_answer(name, question, failed[name]) if name in failed else median_answer(name, question, runs[name])
+            store.append(answer, model_id)
+
+
+def pending_generations(plan: BenchPlan, executors: dict[str, Executor], store: ResultStore) -> int:
+    questions = {q.question_id for q in plan.workload.questions}
+    left = sum(len(questions - set(store.load(name))) for name in executors)
+    return left * plan.settings.repeats

@@ -1,0 +1,72 @@
+"""summary.json: the metrics of every method, overall and per category, from the answer files.
+
+Built from disk, not from memory, so a resumed run summarizes every question it ever
+finished, and `draftwise bench` can re-summarize a directory without running anything.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from draftwise.bench.metrics import method_metrics
+from draftwise.bench.runner import BenchSettings, make_plan
+from draftwise.bench.store import Answer, ResultStore
+
+SUMMARY_VERSION = 1
+
+
+def load_settings(root: Path) -> BenchSettings:
+    raw = json.loads((root / "run.json").read_text())
+    return BenchSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+
+
+def build_summary(root: Path) -> dict:
+    settings = load_settings(root)
+    plan = make_plan(settings)
+    store = ResultStore(root)
+    session = json.loads((root / "session.json").read_text()) if (root / "session.json").is_file() else {}
+    order = [q.question_id for q in plan.workload.questions]
+    answers = {m.name: _in_order(store.load(m.name), order) for m in plan.methods}
+    by_id = {name: {a.question_id: a for a in rows} for name, rows in answers.items()}
+    greedy = settings.temperature == 0.0
+    methods = {}
+    for method in plan.methods:
+        ref_name = plan.references[method.name]
+        reference = by_id.get(ref_name) if ref_name else None
+        is_ref = ref_name == method.name
+        rows = answers[method.name]
+        overall = method_metrics(rows, reference, greedy, is_ref).as_dict()
+        categories = {c: method_metrics([a for a in rows if a.category == c], reference, greedy, is_ref).as_dict()
+                      for c in plan.workload.categories}
+        methods[method.name] = {
+            "config": method.describe(),
+            "backend": method.backend,
+            "target": method.target,
+            "draft": method.draft,
+            "reference": ref_name,
+            "skipped": session.get("skipped", {}).get(method.name),  # in the latest session
+            "rss_after_load_mb": session.get("rss_after_load_mb", {}).get(method.name),
+            "overall": overall,
+            "categories": categories,
+        }
+    return {
+        "version": SUMMARY_VERSION,
+        "settings": settings.as_dict(),
+        "workload": {"spec": plan.workload.spec, "questions": len(order), "categories": list(plan.workload.categories),
+                     "multi_turn": sum(len(q.turns) > 1 for q in plan.workload.questions)},
+        "methods": methods,
+        "environment": session.get("environment", {}),
+        "peak_rss_mb": session.get("peak_rss_mb"),
+        "checkpoints": session.get("checkpoints", {}),
+    }
+
+
+def _in_order(answers: dict[str, Answer], order: list[str]) -> list[Answer]:
+    return [answers[q] for q in order if q in answers]
+
+
+def write_summary(root: Path) -> dict:
+    summary = build_summary(root)
+    ResultStore(root).write_json("summary.json", summary)
+    return summary

@@ -1,0 +1,108 @@
+"""--method parsing: the compact syntax, config files, peers, errors, references."""
+
+import json
+
+import pytest
+
+from draftwise.bench.methods import (
+    MethodDefaults,
+    MethodError,
+    check_names,
+    parse_method,
+    parse_pairs,
+    references,
+)
+from draftwise.engine import GenerationConfig
+
+DEFAULTS = MethodDefaults(target="smollm2-135m", draft="qwen2.5-coder-0.5b", generation=GenerationConfig(max_new_tokens=32))
+
+
+def test_pairs_keep_commas_of_tree_templates():
+    assert parse_pairs("proposer=draft-model,tree=wbd:2,2,1,k=8") == {"proposer": "draft-model", "tree": "wbd:2,2,1", "k": "8"}
+    assert parse_pairs("tree=[[0],[1],[0,0]]") == {"tree": "[[0],[1],[0,0]]"}
+    assert parse_pairs("") == {}
+    with pytest.raises(MethodError, match="not KEY=VALUE"):
+        parse_pairs("oops,k=1")
+    with pytest.raises(MethodError, match="twice"):
+        parse_pairs("k=1,k=2")
+
+
+def test_dw_method_full_syntax():
+    m = parse_method("tree=dw:proposer=draft-model,backend=transformers,verifier=auto,draft=qwen2.5-coder-0.5b,k=8,"
+                     "tree=wbd:2,2,1", DEFAULTS)
+    assert (m.name, m.kind, m.backend, m.draft) == ("tree", "dw", "transformers", "qwen2.5-coder-0.5b")
+    d = m.decoder
+    assert d.proposer == "draft-model" and d.tree == "wbd:2,2,1" and d.draft_config.k == 8
+    assert d.generation.max_new_tokens == 32  # shared settings reach the decoder
+    assert not m.is_plain
+
+
+def test_dw_defaults_and_lookup_keys():
+    m = parse_method("dw", DEFAULTS)
+    assert m.name == "dw" and m.decoder.proposer == "prompt-lookup" and m.target == "smollm2-135m" and m.draft is None
+    pl = parse_method("pl=dw:lookup=5,ngram=3,candidates=2,backend=llamacpp", DEFAULTS)
+    assert (pl.decoder.prompt_lookup.num_tokens, pl.decoder.prompt_lookup.max_ngram,
+            pl.decoder.prompt_lookup.max_candidates) == (5, 3, 2)
+    plain = parse_method("p=dw:proposer=none,target=other-model", DEFAULTS)
+    assert plain.is_plain and plain.target == "other-model"
+
+
+def test_dw_errors():
+    with pytest.raises(MethodError, match="unknown key"):
+        parse_method("x=dw:proposr=none", DEFAULTS)
+    with pytest.raises(MethodError, match="not an integer"):
+        parse_method("x=dw:k=many", DEFAULTS)
+    with pytest.raises(MethodError, match="unknown proposer"):
+        parse_method("x=dw:proposer=magic", DEFAULTS)
+    with pytest.raises(MethodError, match="needs draft"):
+        parse_method("x=dw:proposer=draft-model", MethodDefaults("smollm2-135m", None, GenerationConfig()))
+    with pytest.raises(MethodError, match="typical|heuristic|exact"):
+        parse_method("x=dw:verifier=typical,proposer=draft-model,tree=wbd:2,1", DEFAULTS)  # refused in exact mode
+    with pytest.raises(MethodError, match="unknown backend"):
+        parse_method("x=dw:backend=vllm", DEFAULTS)
+    with pytest.raises(MethodError, match="unknown method"):
+        parse_method("x=vllm", DEFAULTS)
+
+
+def test_peers():
+    assert parse_method("hf-plain", DEFAULTS).backend == "transformers"
+    assert parse_method("hf-plain", DEFAULTS).is_plain
+    a = parse_method("hf-assisted", DEFAULTS)
+    assert a.draft == "qwen2.5-coder-0.5b"
+    assert parse_method("pl=hf-prompt-lookup:tokens=4", DEFAULTS).lookup_tokens == 4
+    assert parse_method("llamacpp-prompt-lookup", DEFAULTS).lookup_tokens == 10
+    assert parse_method("llamacpp-plain", DEFAULTS).backend == "llamacpp"
+    with pytest.raises(MethodError, match="needs a draft"):
+        parse_method("hf-assisted", MethodDefaults("smollm2-135m", None, GenerationConfig()))
+    with pytest.raises(MethodError, match="unknown key"):
+        parse_method("hf-plain:tokens=3", DEFAULTS)
+
+
+def test_config_files(tmp_path):
+    j = tmp_path / "m.json"
+    j.write_text(json.dumps({"proposer": "draft-model", "k": 4, "backend": "transformers", "tree": [[0], [1], [0, 0]]}))
+    m = parse_method(f"fromjson={j}", DEFAULTS)
+    assert m.decoder.draft_config.k == 4 and m.decoder.tree == "[[0], [1], [0, 0]]"
+    t = tmp_path / "m.toml"
+    t.write_text('method = "hf-prompt-lookup"\ntokens = 3\n')
+    assert parse_method(f"fromtoml={t}", DEFAULTS).lookup_tokens == 3
+    with pytest.raises(MethodError, match="not found"):
+        parse_method(f"x={tmp_path}/none.json", DEFAULTS)
+
+
+def test_references_per_family_prefer_draftwise_plain():
+    methods = [parse_method(t, DEFAULTS) for t in (
+        "hf-plain", "hf-prompt-lookup", "dwp=dw:proposer=none,backend=transformers",
+        "dwl=dw:backend=transformers", "llamacpp-prompt-lookup", "cpp=dw:backend=llamacpp", "llamacpp-plain")]
+    refs = references(methods)
+    assert refs["hf-prompt-lookup"] == "dwp" and refs["hf-plain"] == "dwp" and refs["dwl"] == "dwp"
+    assert refs["cpp"] == "llamacpp-plain" and refs["llamacpp-prompt-lookup"] == "llamacpp-plain"
+    lone = [parse_method("x=dw:backend=transformers", DEFAULTS)]
+    assert references(lone) == {"x": None}
+
+
+def test_names_must_be_unique_and_file_safe():
+    with pytest.raises(MethodError, match="repeat"):
+        check_names([parse_method("hf-plain", DEFAULTS), parse_method("hf-plain", DEFAULTS)])
+    with pytest.raises(MethodError, match="names a file"):
+        check_names([parse_method("dw:proposer=none", DEFAULTS)])

@@ -1,0 +1,120 @@
+"""Metrics against hand-built answers: Spec-Bench tok/s and speedup, pooled acceptance, time split,
+latency, mismatch detection, median repeat, answer-line round trip."""
+
+import pytest
+
+from draftwise.bench.metrics import find_mismatches, first_difference, method_metrics
+from draftwise.bench.outputs import TurnOutput
+from draftwise.bench.runner import median_answer
+from draftwise.bench.store import Answer, answer_line, parse_answer_line
+from draftwise.bench.workloads import Question
+
+
+def turn(tokens, wall, rounds=None, phases=None, offsets=(), accept=None, kv=None):
+    return TurnOutput(tokens=tuple(tokens), text="t", wall_time=wall, emit_offsets=tuple(offsets),
+                      accept_lengths=None if accept is None else tuple(accept), rounds=rounds, phase_seconds=phases,
+                      max_temp_kv_bytes=kv)
+
+
+def answer(qid, cat, *turns, method="m", error=None):
+    return Answer(method, qid, cat, tuple(turns), tuple((t.wall_time,) for t in turns), error)
+
+
+def test_first_difference():
+    assert first_difference((1, 2, 3), (1, 2, 3)) is None
+    assert first_difference((1, 2, 3), (1, 9, 3)) == 1
+    assert first_difference((1, 2), (1, 2, 3)) == 2
+    assert first_difference((), (5,)) == 0
+
+
+def test_mismatches_report_turn_and_position():
+    ref = {"a": answer("a", "x", turn([1, 2, 3], 1.0), turn([4, 5], 1.0)), "b": answer("b", "x", turn([7], 1.0))}
+    mine = [answer("a", "x", turn([1, 2, 3], 1.0), turn([4, 6], 1.0)), answer("b", "x", turn([7], 1.0)),
+            answer("c", "x", turn([1], 1.0))]  # no reference answer for c: not compared
+    found = find_mismatches(mine, ref)
+    assert len(found) == 1
+    assert (found[0].question_id, found[0].turn, found[0].first_difference) == ("a", 1, 1)
+
+
+def test_specbench_tokens_per_s_and_speedup():
+    # per-question tok/s averaged (not total tokens / total time)
+    ref = [answer("a", "x", turn(range(10), 1.0)), answer("b", "y", turn(range(10), 10.0))]  # 10 and 1 tok/s
+    mine = [answer("a", "x", turn(range(10), 0.5)), answer("b", "y", turn(range(10), 5.0))]  # 20 and 2 tok/s
+    ref_by_id = {a.question_id: a for a in ref}
+    m = method_metrics(mine, ref_by_id, check_exact=True)
+    assert m.tokens_per_s == pytest.approx(11.0)
+    assert m.speedup == pytest.approx(11.0 / 5.5)
+    assert m.speedup_per_prompt_median == pytest.approx(2.0)
+    assert m.mismatches == 0
+    assert m.ms_per_token == pytest.approx(5.5 / 20 * 1e3)
+    r = method_metrics(ref, ref_by_id, check_exact=True, is_reference=True)
+    assert r.speedup == 1.0 and r.mismatches == 0
+    assert method_metrics(mine, None, check_exact=True).speedup is None
+    assert method_metrics(mine, None, check_exact=True).mismatches is None
+    assert method_metrics(mine, ref_by_id, check_exact=False).mismatches is None  # sampling: not compared
+
+
+def test_multi_turn_question_counts_all_turns():
+    a = answer("a", "x", turn(range(4), 1.0), turn(range(6), 1.0))
+    assert a.new_tokens == 10 and a.tokens_per_s == pytest.approx(5.0)
+
+
+def test_errors_are_counted_not_averaged():
+    good = answer("a", "x", turn(range(10), 1.0))
+    bad = Answer("m", "b", "x", (), (), error="ContextOverflow: too long")
+    m = method_metrics([good, bad], None, check_exact=True)
+    assert (m.questions, m.errors, m.tokens_per_s) == (1, 1, 10.0)
+
+
+def test_pooled_rounds_acceptance_split_and_kv():
+    # rounds: (nodes, depth, accepted, emitted, fallback)
+    t1 = turn(range(7), 1.0, rounds=((3, 3, 3, 4, 0), (3, 3, 1, 2, 0), (0, 0, 0, 1, 1)),
+              phases={"propose": 0.07, "compile": 0.0, "verify": 0.7, "select": 0.0, "commit": 0.07}, kv=100,
+              offsets=(0.2, 0.5, 0.6), accept=(4, 2, 1))
+    t2 = turn(range(3), 1.0, rounds=((2, 2, 2, 3, 0),),
+              phases={"propose": 0.03, "compile": 0.0, "verify": 0.3, "select": 0.0, "commit": 0.03}, kv=300,
+              offsets=(0.4,), accept=(3,))
+    m = method_metrics([answer("a", "x", t1), answer("b", "x", t2)], None, check_exact=True)
+    assert m.mean_accepted == pytest.approx(6 / 4)
+    assert m.accepted_histogram == [1, 1, 1, 1]
+    # depth 1: offered in 3 rounds (depth>=1, accepted>=0), accepted in 3; depth 3: offered in rounds with
+    # depth>=3 and accepted>=2 -> only the first, accepted
+    assert m.acceptance_by_depth == pytest.approx([1.0, 2 / 3, 1.0], abs=1e-4)
+    assert m.fallback_rate == pytest.approx(0.25)
+    assert m.rows_verified_mean == pytest.approx((4 + 4 + 1 + 3) / 4)
+    assert m.max_temp_kv_bytes == 300
+    assert m.time_split_ms["verify"] == pytest.approx(1.0 / 10 * 1e3)
+    assert m.time_split_ms["other"] == pytest.approx((2.0 - 1.2) / 10 * 1e3)
+    assert m.latency.p50_ms == pytest.approx(200.0)  # gaps 0.3, 0.1 (t1 only: t2 has one event)
+    assert m.latency.ttft_median_ms == pytest.approx(300.0)
+
+
+def test_peer_accept_lengths_give_mean_accepted_without_rounds():
+    t = turn(range(6), 1.0, accept=(3, 1, 2))
+    m = method_metrics([answer("a", "x", t)], None, check_exact=True)
+    assert m.mean_accepted == pytest.approx(1.0) and m.accepted_histogram == [1, 1, 1]
+    assert m.acceptance_by_depth is None and m.time_split_ms is None
+    unknown = method_metrics([answer("a", "x", turn(range(6), 1.0))], None, check_exact=True)
+    assert unknown.mean_accepted is None
+
+
+def test_median_repeat_is_one_real_run():
+    q = Question("a", "x", ("one", "two"))
+    runs = [[turn([1], 3.0), turn([2], 1.0)], [turn([1], 1.0), turn([2], 2.0)], [turn([1], 2.0), turn([2], 3.0)]]
+    a = median_answer("m", q, runs)
+    assert [t.wall_time for t in a.turns] == [2.0, 2.0]
+    assert a.repeat_walls == ((3.0, 1.0, 2.0), (1.0, 2.0, 3.0))
+    even = median_answer("m", Question("a", "x", ("one",)), [[turn([1], 4.0)], [turn([1], 1.0)]])
+    assert even.turns[0].wall_time == 1.0  # lower median
+
+
+def test_answer_line_is_specbench_shaped_and_round_trips():
+    t = turn([5, 6, 7], 0.5, rounds=((2, 2, 1, 2, 0), (0, 0, 0, 1, 1)), phases={"verify": 0.1}, offsets=(0.1, 0.2),
+             accept=(2, 1), kv=10)
+    a = Answer("m", "q1", "cat", (t, t), ((0.5, 0.6), (0.5, 0.7)))
+    row = answer_line(a, "model")
+    choice = row["choices"][0]
+    assert row["question_id"] == "q1" and row["category"] == "cat"
+    assert choice["turns"] == ["t", "t"] and choice["new_tokens"] == [3, 3] and choice["wall_time"] == [0.5, 0.5]
+    assert choice["accept_lengths"] == [2, 1, 2, 1]  # flat over turns, as Spec-Bench writes it
+    assert parse_answer_line(row) == a
