@@ -102,3 +102,33 @@ def test_prune_rejects_negative_budget():
 def test_empty_input_gives_empty_trie():
     assert build_trie(np.zeros((0, 8), dtype=np.int64)).size == 0
     assert build_trie(rows([PAD, PAD])).size == 0
+
+
+def reference_trie(continuations: np.ndarray) -> list[tuple[tuple[int, ...], int, int]]:
+    """Oracle: dict walk, then breadth-first with siblings by (-count, token)."""
+    counts: dict[tuple[int, ...], int] = {}
+    for row in continuations.tolist():
+        path: tuple[int, ...] = ()
+        for token in row:
+            if token == PAD:
+                break
+            path += (token,)
+            counts[path] = counts.get(path, 0) + 1
+
+    def key(path):  # breadth-first: depth, then the ancestors' sibling ranks, root side first
+        return (len(path), [(-counts[path[: i + 1]], path[i]) for i in range(len(path))])
+
+    return [(p, counts[p], len(p)) for p in sorted(counts, key=key)]
+
+
+def test_vectorized_trie_matches_the_dict_oracle():
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        k, length = int(rng.integers(1, 65)), int(rng.integers(1, 9))
+        data = rng.integers(0, int(rng.integers(1, 6)), size=(k, length))
+        cut = rng.integers(0, length + 1, size=k)
+        data[np.arange(length)[None, :] >= cut[:, None]] = PAD
+        trie = build_trie(data)
+        got = [(trie.path(i), int(trie.count[i]), int(trie.depth[i])) for i in range(trie.size)]
+        assert got == reference_trie(data)
+        assert all(trie.parent[i] < i for i in range(trie.size))

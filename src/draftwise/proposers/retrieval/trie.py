@@ -58,57 +58,43 @@ def empty_trie() -> Trie:
 def build_trie(continuations: np.ndarray) -> Trie:
     """Trie of the rows of `continuations` [K, L] (int64, PAD after each row's end).
 
-    Plain dicts, not numpy: at K = 64 rows of L = 8 tokens this is ~7x faster than one
-    vectorized grouping pass per depth (measured: 0.07 ms vs 0.45 ms per query, p50).
+    Vectorized over the whole [K, L] block: after sorting the rows, a cell starts a new node
+    exactly when its prefix differs from the row above, so node ids, parents and prefix
+    counts come from a few array passes; one lexsort on each node's path of
+    (-count, token) pairs then gives the canonical breadth-first order.  At 64 x 8 this
+    costs ~0.2 ms at most, where a dict walk took up to ~1.7 ms for 500-node tries.
     """
-    children: dict[int, dict[int, int]] = {}  # node (-1: root) -> {token: child}, insertion ids
-    tokens: list[int] = []
-    parents: list[int] = []
-    counts: list[int] = []
-    for row in continuations.tolist():
-        node = -1
-        for token in row:
-            if token == PAD:
-                break
-            kids = children.setdefault(node, {})
-            child = kids.get(token)
-            if child is None:
-                child = kids[token] = len(tokens)
-                tokens.append(token)
-                parents.append(node)
-                counts.append(0)
-            counts[child] += 1
-            node = child
-    order = _canonical_order(children, tokens, counts)
-    if not order:
+    k, length = continuations.shape
+    if k == 0:
         return empty_trie()
-    new_id = {old: i for i, old in enumerate(order)}
-    new_id[-1] = -1
-    parent = [new_id[parents[o]] for o in order]
-    depth: list[int] = []
-    for p in parent:  # parents come first, so their depth is known
-        depth.append(1 if p == -1 else depth[p] + 1)
+    rows = continuations[np.lexsort(continuations.T[::-1])]  # [K, L] equal prefixes now adjacent
+    alive = rows != PAD  # [K, L]
+    same = np.zeros((k, length), dtype=bool)  # prefix through column d equals the row above's
+    same[1:] = np.logical_and.accumulate(rows[1:] == rows[:-1], axis=1)
+    new = alive & ~same  # [K, L] cells that open a node
+    n = int(new.sum())
+    if n == 0:
+        return empty_trie()
+    opened = np.where(new, np.cumsum(new.ravel()).reshape(k, length) - 1, -1)  # ids in row-major order
+    node = np.maximum.accumulate(opened, axis=0)  # [K, L] node of every alive cell (ids grow downwards)
+    count = np.bincount(node[alive], minlength=n)  # [N] prefix counts
+    cell_row, cell_col = np.nonzero(new)  # [N] each node's opening cell, in id order
+    parent = np.where(cell_col == 0, -1, node[cell_row, np.maximum(cell_col - 1, 0)])
+    # canonical order = sort by depth, then by the path's (-count, token) pairs, root side first
+    within = np.arange(length)[None, :] <= cell_col[:, None]  # [N, L] columns on the node's path
+    path_counts = np.where(within, -count[np.maximum(node[cell_row], 0)], 0)  # [N, L]
+    path_tokens = np.where(within, rows[cell_row], 0)  # [N, L]
+    keys = [column for d in range(length - 1, -1, -1) for column in (path_tokens[:, d], path_counts[:, d])]
+    order = np.lexsort(keys + [cell_col])  # np.lexsort: last key is the primary one
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
+    parent = parent[order]
     return Trie(
-        np.array([tokens[o] for o in order], dtype=np.int64),
-        np.array(parent, dtype=np.int64),
-        np.array(depth, dtype=np.int64),
-        np.array([counts[o] for o in order], dtype=COUNTER_DTYPE),
+        rows[cell_row, cell_col][order].astype(np.int64),
+        np.where(parent >= 0, rank[np.maximum(parent, 0)], -1),
+        (cell_col + 1)[order].astype(np.int64),
+        count[order].astype(COUNTER_DTYPE),
     )
-
-
-def _canonical_order(children: dict[int, dict[int, int]], tokens: list[int], counts: list[int]) -> list[int]:
-    """Breadth-first, siblings by count descending then token ascending."""
-    order: list[int] = []
-    frontier = [-1]
-    while frontier:
-        level: list[int] = []
-        for node in frontier:
-            kids = children.get(node)
-            if kids:
-                level.extend(sorted(kids.values(), key=lambda c: (-counts[c], tokens[c])))
-        order.extend(level)
-        frontier = level
-    return order
 
 
 def prune(trie: Trie, budget: int) -> Trie:
