@@ -84,7 +84,8 @@ class MethodSpec:
         d = self.decoder
         parts = [f"proposer={d.proposer}", f"backend={self.backend}", f"verifier={d.verifier}", f"target={self.target}"]
         if d.proposer == "draft-model":
-            parts += [f"draft={d.draft}", f"k={d.draft_config.k}"] + ([f"tree={d.tree}"] if d.tree else [])
+            shape = [f"tree={d.tree}", f"relation={d.relation}"] if d.tree else [f"k={d.draft_config.k}"]
+            parts += [f"draft={d.draft}", *shape]
         if d.proposer == "prompt-lookup":
             p = d.prompt_lookup
             parts += [f"lookup={p.num_tokens}", f"ngram={p.max_ngram}", f"candidates={p.max_candidates}"]
@@ -256,4 +257,5 @@ def check_names(methods: list[MethodSpec]) -> None:
         raise MethodError(f"method names repeat: {duplicates}; give each a NAME= prefix")
     for n in names:
         if not n.replace("-", "").replace("_", "").replace(".", "").isalnum():
-            raise MethodError(f"method name {n!r}: use letters, digits, '-', '_' and '.' (it names a file)")
+            raise MethodError(f"method name {n!r}: use letters, digits, '-', '_' and '.' (it names a file; "
+                              "write NAME=CONFIG)")

@@ -26,14 +26,14 @@ def plot_speedup(summary: dict, path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(categories) + 2), 4))
     x = np.arange(len(categories))
     for i, (name, m) in enumerate(methods.items()):
-        values = [(m["categories"].get(c) or m["overall"])["speedup"] if c != "overall" else m["overall"]["speedup"]
+        values = [m["overall"]["speedup"] if c == "overall" else (m["categories"].get(c) or {}).get("speedup")
                   for c in categories]
         ax.bar(x + i * width, [v or 0.0 for v in values], width, label=name)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(x + width * (len(methods) - 1) / 2, categories, rotation=30, ha="right")
     ax.set_ylabel("speedup over plain (same backend)")
     ax.set_title("Speedup per category")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: bars stay visible
     return _save(fig, path)
 
 
@@ -49,7 +49,7 @@ def plot_accepted_histogram(summary: dict, path: Path) -> Path | None:
     ax.set_xlabel("accepted draft tokens in a step")
     ax.set_ylabel("fraction of steps")
     ax.set_title("Accepted length distribution")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: bars stay visible
     return _save(fig, path)
 
 
@@ -65,7 +65,7 @@ def plot_acceptance_by_depth(summary: dict, path: Path) -> Path | None:
     ax.set_ylabel("P(accepted | offered, parent accepted)")
     ax.set_ylim(0, 1.05)
     ax.set_title("Acceptance by depth")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: bars stay visible
     return _save(fig, path)
 
 
@@ -87,13 +87,13 @@ def plot_time_split(summary: dict, path: Path) -> Path | None:
     ax.set_ylabel("ms per committed token")
     ax.set_title("Time per committed token, by phase")
     ax.tick_params(axis="x", rotation=30)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: bars stay visible
     return _save(fig, path)
 
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import resource
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import numpy as np

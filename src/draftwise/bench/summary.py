@@ -45,6 +45,7 @@ def build_summary(root: Path) -> dict:
             "target": method.target,
             "draft": method.draft,
             "reference": ref_name,
+            "plain": method.is_plain,
             "skipped": session.get("skipped", {}).get(method.name),  # in the latest session
             "rss_after_load_mb": session.get("rss_after_load_mb", {}).get(method.name),
             "overall": overall,
