@@ -57,14 +57,15 @@ class SamplingPolicy:
 
 
 def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
-    """Keep the smallest set of most likely tokens whose mass reaches top_p (ties by id)."""
-    order = np.argsort(-probs, axis=-1, kind="stable")
-    sorted_probs = np.take_along_axis(probs, order, axis=-1)
-    cumulative = np.cumsum(sorted_probs, axis=-1)
-    keep_sorted = (cumulative - sorted_probs) < top_p  # the token that crosses top_p is kept
-    keep = np.zeros_like(keep_sorted)
-    np.put_along_axis(keep, order, keep_sorted, axis=-1)
-    probs = np.where(keep, probs, 0.0)
+    """transformers' TopPLogitsWarper rule, so draftwise and its peers cut the same tokens:
+    in ascending order, drop tokens whose cumulative mass is <= 1 - top_p (the top one stays)."""
+    order = np.argsort(probs, axis=-1, kind="stable")  # ascending
+    cumulative = np.cumsum(np.take_along_axis(probs, order, axis=-1), axis=-1)
+    drop_sorted = cumulative <= (1.0 - top_p)
+    drop_sorted[..., -1] = False
+    drop = np.zeros_like(drop_sorted)
+    np.put_along_axis(drop, order, drop_sorted, axis=-1)
+    probs = np.where(drop, 0.0, probs)
     return probs / probs.sum(axis=-1, keepdims=True)
 
 

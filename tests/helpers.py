@@ -1,0 +1,31 @@
+"""Small builders shared by the tests (no mocks of anything a user would have for real)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from draftwise.contracts import (
+    ProbabilitySemantics,
+    ProposalNode,
+    ProposalResult,
+    ProposerContract,
+    SamplingRelation,
+    TopologyKind,
+)
+
+ABSENT_TREE = ProposerContract(ProbabilitySemantics.ABSENT, SamplingRelation.DETERMINISTIC_LOOKUP, TopologyKind.TREE)
+
+
+def result_from_paths(paths: Sequence[Sequence[int]], source: str = "test", manifest_hash: str = "m",
+                      contract: ProposerContract = ABSENT_TREE) -> ProposalResult:
+    """A trie-shaped proposal (no probabilities) holding every given token path."""
+    nodes: list[ProposalNode] = []
+    index: dict[tuple[int, ...], int] = {}
+    for path in paths:
+        for depth in range(1, len(path) + 1):
+            prefix = tuple(path[:depth])
+            if prefix not in index:
+                parent = -1 if depth == 1 else index[prefix[:-1]]
+                index[prefix] = len(nodes)
+                nodes.append(ProposalNode(token=prefix[-1], parent=parent, depth=depth, source=source))
+    return ProposalResult(nodes=tuple(nodes), contract=contract, source=source, manifest_hash=manifest_hash)
