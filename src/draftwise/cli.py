@@ -188,5 +188,38 @@ def oracle(as_json: bool = typer.Option(False, "--json")) -> None:
     raise typer.Exit(0 if all(r.passed for r in results) else 1)
 
 
+@app.command()
+def profile(
+    target: str = typer.Option(DEFAULTS.target, help="Model whose verify cost to measure."),
+    backend: str = typer.Option(DEFAULTS.backend, help="auto | transformers | llamacpp."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads (default: all cores)."),
+    prefix_len: int = typer.Option(512, help="Committed prefix length the rounds sit on."),
+    max_rows: int = typer.Option(64, help="Measure n = 1, 2, 4, ... up to this many rows."),
+    repeats: int = typer.Option(5, help="Timed repeats per n (the median is kept)."),
+    out: str = typer.Option(..., help="Directory for the verify_profile artifact."),
+) -> None:
+    """Measure t(n)/t(1), the target's verify time for n rows, and save it as an artifact."""
+    from pathlib import Path
+
+    from draftwise.backends.profile import write_profile
+
+    rows = tuple(2**i for i in range(max_rows.bit_length()) if 2**i <= max_rows)
+    target_backend = load_backend(target, backend, threads, progress=lambda m: err.print(f"[dim]{m}[/]"))
+    result = write_profile(target_backend, Path(out), prefix_len=prefix_len, rows=rows, repeats=repeats,
+                           progress=lambda m: err.print(m))
+    table = Table("rows", "median s", "t(n)/t(1)")
+    for n, absolute, relative in zip(result.rows, result.absolute_s, result.relative):
+        table.add_row(str(n), f"{absolute:.5f}", f"{relative:.3f}")
+    Console().print(table)
+
+
+def _wire_subcommands() -> None:
+    from draftwise.cli_index import index_app
+
+    app.add_typer(index_app, name="index")
+
+
+_wire_subcommands()
+
 if __name__ == "__main__":
     app()
