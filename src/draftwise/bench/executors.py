@@ -69,13 +69,13 @@ def prepare(method: MethodSpec, pool: ModelPool, generation: GenerationConfig) -
     """Load (or reuse) what `method` needs; raises ModelUnavailable or ImportError with the reason."""
     if method.kind == "dw":
         target = pool.backend(method.target, method.backend)
-        draft = pool.backend(method.draft, method.backend) if method.draft else None
+        draft = pool.backend(method.draft, method.backend, role="draft") if method.draft else None
         return DraftwiseExecutor(method, target, draft)
     from draftwise.bench.peers import HfExecutor, LlamaCppExecutor
 
     if method.backend == "transformers":
         target = pool.backend(method.target, "transformers")
-        assistant = pool.backend(method.draft, "transformers").model if method.kind == "hf-assisted" else None
+        assistant = pool.backend(method.draft, "transformers", role="draft").model if method.kind == "hf-assisted" else None
         return HfExecutor(method, target, assistant, generation)
     lookup = method.lookup_tokens if method.kind == "llamacpp-prompt-lookup" else None
     llama = pool.llama(method.target, lookup)

@@ -163,7 +163,7 @@ def method_metrics(answers: list[Answer], reference: dict[str, Answer] | None, c
     wall = sum(a.wall_time for a in good)
     speedup, per_prompt = (1.0, 1.0) if is_reference else _speedups(good, reference)
     acceptance = _acceptance(good, tokens, wall)
-    checked = check_exact and reference is not None and not is_reference
+    checked = check_exact and reference is not None and not is_reference and bool(good)
     mismatches = find_mismatches(good, reference) if checked else []
     kv = [t.max_temp_kv_bytes for a in good for t in a.turns if t.max_temp_kv_bytes is not None]
     return MethodMetrics(
@@ -183,6 +183,6 @@ def method_metrics(answers: list[Answer], reference: dict[str, Answer] | None, c
         rows_verified_mean=acceptance.get("rows_verified_mean"),
         max_temp_kv_bytes=max(kv) if kv else None,
         latency=_latency(good),
-        mismatches=(len(mismatches) if checked else (0 if is_reference and check_exact else None)),
+        mismatches=(len(mismatches) if checked else (0 if is_reference and check_exact and good else None)),
         mismatch_examples=mismatches[:20],
     )

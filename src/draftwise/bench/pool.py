@@ -29,9 +29,11 @@ class ModelPool:
         self._loaded: dict[tuple, object] = {}
         self._failed: dict[tuple, str] = {}
 
-    def backend(self, model: str, kind: str) -> Backend:
-        """A draftwise backend ('transformers' or 'llamacpp') for `model`."""
-        return self._get(("backend", model, kind), lambda: load_backend(model, kind, self.threads, progress=self._say))
+    def backend(self, model: str, kind: str, role: str = "target") -> Backend:
+        """A draftwise backend ('transformers' or 'llamacpp') for `model`.  Targets and drafts are
+        separate objects even for the same model: a backend holds one KV cache, and a draft
+        sharing its target's cache would overwrite the rows the target is verifying against."""
+        return self._get(("backend", model, kind, role), lambda: load_backend(model, kind, self.threads, progress=self._say))
 
     def llama(self, model: str, lookup_tokens: int | None) -> object:
         """llama-cpp-python's high-level `Llama`; with `lookup_tokens` it carries LlamaPromptLookupDecoding.
@@ -46,7 +48,7 @@ class ModelPool:
         if key in self._failed:
             raise ModelUnavailable(self._failed[key])
         if key not in self._loaded:
-            self._say(f"loading {key[1]} ({key[0]} {key[2]})")
+            self._say(f"loading {key[1]} ({' '.join(str(k) for k in key[2:] if k)})")
             try:
                 self._loaded[key] = load()
             except LOAD_ERRORS as exc:
