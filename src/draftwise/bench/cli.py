@@ -64,6 +64,8 @@ def run(
     if out is None:
         _fail("--out DIR is required")
     if summarize_only:
+        if not (out / "run.json").is_file():
+            _fail(f"{out} holds no benchmark run (no run.json)")
         summary = finish(out)
         _print_summary(summary, out)
         return
