@@ -1,0 +1,56 @@
+"""CLI refusals that must happen before any model is loaded, and model-name resolution."""
+
+import pytest
+from typer.testing import CliRunner
+
+from draftwise import models
+from draftwise.cli import app
+
+runner = CliRunner()
+
+
+def refuse(*args):
+    result = runner.invoke(app, ["generate", "hello", *args])
+    assert result.exit_code == 2, result.output
+    return result.output
+
+
+def test_unknown_model_lists_aliases():
+    with pytest.raises(models.ModelError) as info:
+        models.resolve("no-such-model")
+    for alias in models.REGISTRY:
+        assert alias in str(info.value)
+
+
+def test_non_gguf_file_refused(tmp_path):
+    f = tmp_path / "weights.bin"
+    f.write_bytes(b"x")
+    with pytest.raises(models.ModelError, match="not a .gguf"):
+        models.resolve(str(f))
+
+
+def test_directory_without_config_refused(tmp_path):
+    with pytest.raises(models.ModelError, match="config.json"):
+        models.resolve(str(tmp_path))
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--temperature", "-1"], "temperature"),
+    (["--top-p", "0"], "top-p"),
+    (["--top-p", "1.5"], "top-p"),
+    (["--top-k", "-2"], "top-k"),
+    (["--proposer", "prompt-lookup", "--verifier", "rejection", "--temperature", "1"], "cannot verify"),
+    (["--proposer", "prompt-lookup", "--verifier", "greedy", "--temperature", "1"], "temperature 0"),
+    (["--proposer", "prompt-lookup", "--verifier", "typical", "--temperature", "1"], "heuristic"),
+    (["--proposer", "bogus"], "unknown proposer"),
+    (["--verifier", "bogus"], "unknown verifier"),
+    (["--target", "no-such-model"], "smollm2-135m"),
+])
+def test_generate_refuses_bad_input(args, needle):
+    assert needle in refuse(*args)
+
+
+def test_models_list_shows_aliases():
+    result = runner.invoke(app, ["models", "list"])
+    assert result.exit_code == 0
+    assert "qwen2.5-coder-1.5b" in result.output
