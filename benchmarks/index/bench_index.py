@@ -3,6 +3,7 @@
     nice -n 10 python benchmarks/index/bench_index.py build --which code
     nice -n 10 python benchmarks/index/bench_index.py build --which chat
     python benchmarks/index/bench_index.py query          # both indexes, budgets 8/16/32/64
+    python benchmarks/index/bench_index.py table          # markdown for README.md
 
 Indexes go to ~/.cache/draftwise/indexes/{code,chat} (never into git); numbers are merged
 into benchmarks/index/results.json.  Tokenizer: Qwen2.5-Coder-1.5B's.  Both datastores
@@ -164,12 +165,35 @@ def save(section: str, which: str, numbers: dict) -> None:
     RESULTS.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
 
 
+def table() -> str:
+    """Markdown tables of results.json (pasted into README.md)."""
+    results = json.loads(RESULTS.read_text())
+    lines = ["| datastore | documents (excluded) | tokens | tokenize tok/s | index tok/s | build s | disk B/tok | mapped B/tok | verified load s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for which, b in results.get("build", {}).items():
+        lines.append(f"| {which} | {b['documents']:,} ({b['excluded_documents']}) | {b['tokens']:,} | "
+                     f"{b['tokenize_tokens_per_s']:,} | {b['index_tokens_per_s']:,} | {b['total_build_seconds']:.0f} | "
+                     f"{b['disk_bytes_per_token']:.2f} | {b['mapped_bytes_per_token']:.2f} | {b['load_seconds_verified']:.2f} |")
+    lines += ["", "| datastore | node budget | CPU p50 ms | CPU p99 ms | wall p50 ms | wall p99 ms | miss rate | "
+              "mean match len | trie nodes before / after | oracle accepted |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for which, q in results.get("query", {}).items():
+        for budget in BUDGETS:
+            r = q[f"budget_{budget}"]
+            lines.append(f"| {which} | {budget} | {r['cpu_p50_ms']:.2f} | {r['cpu_p99_ms']:.2f} | {r['wall_p50_ms']:.2f} | "
+                         f"{r['wall_p99_ms']:.2f} | {r['miss_rate']:.3f} | {r['mean_match_length']:.2f} | "
+                         f"{r['mean_trie_nodes']:.0f} / {r['mean_kept_nodes']:.1f} | {r['mean_oracle_accepted']:.2f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("step", choices=["build", "query"])
+    parser.add_argument("step", choices=["build", "query", "table"])
     parser.add_argument("--which", choices=["code", "chat", "both"], default="both")
     parser.add_argument("--queries", type=int, default=2000)
     args = parser.parse_args()
+    if args.step == "table":
+        print(table())
+        return
     for which in (["code", "chat"] if args.which == "both" else [args.which]):
         numbers = build(which) if args.step == "build" else query(which, args.queries)
         print(json.dumps({which: numbers}, indent=2))

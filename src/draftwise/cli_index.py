@@ -83,6 +83,8 @@ def info(directory: Path = typer.Argument(..., help="index directory"),
     for source in details["corpus"]:
         console.print(f"  corpus {source['spec']}: {source.get('files', '-')} files, {source.get('bytes', 0):,} bytes, "
                       f"{source['documents']:,} docs, {source['excluded']:,} excluded, sha256 {str(source.get('sha256', ''))[:16]}…")
+        for warning in source.get("warnings", []):
+            console.print(f"    [yellow]warning:[/yellow] {warning}")
     exclusion = details.get("exclusion")
     if exclusion:
         names = ", ".join(s["name"] for s in exclusion["eval_sets"])
