@@ -214,9 +214,11 @@ def profile(
 
 
 def _wire_subcommands() -> None:
+    from draftwise.bench.cli import bench_app
     from draftwise.cli_index import index_app
 
     app.add_typer(index_app, name="index")
+    app.add_typer(bench_app, name="bench")
 
 
 _wire_subcommands()

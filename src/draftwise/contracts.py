@@ -10,6 +10,7 @@ separate fields: nothing in draftwise casts one into the other.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
@@ -156,8 +157,8 @@ class RoundManifest:
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, default=str, separators=(",", ":"))
 
-    @property
-    def hash(self) -> str:
+    @functools.cached_property
+    def hash(self) -> str:  # computed once: every proposal of every round is checked against it
         return hashlib.sha256(self.to_json().encode()).hexdigest()
 
     def check(self, result: ProposalResult) -> None:

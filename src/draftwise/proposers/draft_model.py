@@ -15,6 +15,7 @@ drawn from, so residual verifiers get vectors, not scalars.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -156,9 +157,10 @@ class DraftModelProposer:
         for level in range(1, max_depth(template) + 1):
             level_nodes = [i for i, s in enumerate(slots) if _depth(slots, i) == level]
             parents = sorted({slots[i].parent for i in level_nodes})
+            # the tree so far, as a plain token tree: the draft only needs its rows' logits
             partial = ProposalResult(
-                nodes=tuple(nodes), contract=ProposerContract(ProbabilitySemantics.ABSENT, SamplingRelation.IID,
-                                                              TopologyKind.TREE),
+                nodes=tuple(dataclasses.replace(n, q=None) for n in nodes),
+                contract=ProposerContract(ProbabilitySemantics.ABSENT, SamplingRelation.IID, TopologyKind.TREE),
                 source=self.name, manifest_hash="",
             )
             round_ = compile_round(len(context), [partial]) if nodes else None

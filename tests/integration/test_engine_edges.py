@@ -1,0 +1,121 @@
+"""Bad input and the edges of a round: each gives a clear error or the right output."""
+
+import dataclasses
+
+import pytest
+
+from draftwise.backends.base import ContextOverflow
+from draftwise.contracts import ManifestMismatch
+from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer, TokenizerMismatch
+from draftwise.proposers.prompt_lookup import PromptLookupProposer
+from draftwise.verify.base import IncompatibleVerifier
+from draftwise.verify.greedy import GreedyVerifier
+from draftwise.verify.membership import MembershipVerifier
+from draftwise.verify.rejection import RejectionVerifier
+from tests.helpers import result_from_paths
+
+pytestmark = pytest.mark.model
+
+
+class ScriptedProposer:
+    """Proposes a fixed continuation of the prompt (a stand-in for a perfect or broken lookup)."""
+
+    name = "scripted"
+
+    def __init__(self, prompt_len, script, manifest_override=None):
+        self.contract = PromptLookupProposer().contract
+        self.prompt_len, self.script, self.override = prompt_len, list(script), manifest_override
+
+    def identity(self):
+        return {"name": self.name}
+
+    def begin(self, policy, rng):
+        pass
+
+    def observe(self, accepted):
+        pass
+
+    def propose(self, context, manifest_hash):
+        done = len(context) - self.prompt_len
+        chunk = self.script[done: done + 6]
+        result = result_from_paths([chunk] if chunk else [], source=self.name,
+                                   manifest_hash=self.override or manifest_hash, contract=self.contract)
+        return result
+
+
+def decode(target, proposers, prompt, **config):
+    config = GenerationConfig(**config)
+    return SpeculativeDecoder(target, proposers, GreedyVerifier(), config).generate(prompt)
+
+
+@pytest.fixture(scope="module")
+def prompt(smol_target):
+    return smol_target.chat_prompt([{"role": "user", "content": "Say hello in one short sentence."}])
+
+
+def test_max_new_tokens_reached_mid_round(smol_target, prompt):
+    plain = decode(smol_target, [], prompt, max_new_tokens=40)
+    script = list(plain.tokens) + [1, 2, 3]
+    for limit in (1, 5, 9):
+        result = decode(smol_target, [ScriptedProposer(len(prompt), script)], prompt, max_new_tokens=limit)
+        assert result.tokens == plain.tokens[:limit]
+        assert result.stop_reason in ("max_new_tokens", "eos")
+
+
+def test_eos_inside_a_draft_stops_there(smol_target, prompt):
+    plain = decode(smol_target, [], prompt, max_new_tokens=80)
+    assert plain.stop_reason == "eos", "the prompt should end with EOS within 80 tokens"
+    script = list(plain.tokens) + [42, 43, 44]  # junk after EOS must never be published
+    result = decode(smol_target, [ScriptedProposer(len(prompt), script)], prompt, max_new_tokens=80)
+    assert result.tokens == plain.tokens and result.stop_reason == "eos"
+    assert result.tokens[-1] in smol_target.info.eos_token_ids
+
+
+def test_empty_proposals_fall_back_to_one_target_step(smol_target, prompt):
+    plain = decode(smol_target, [], prompt, max_new_tokens=6)
+    result = decode(smol_target, [ScriptedProposer(len(prompt), [])], prompt, max_new_tokens=6)
+    assert result.tokens == plain.tokens
+    assert result.stats.fallbacks == result.stats.rounds == 6
+
+
+def test_stop_string(smol_target, prompt):
+    plain = decode(smol_target, [], prompt, max_new_tokens=40)
+    text = smol_target.detokenize(plain.tokens)
+    word = text.split()[1]
+    result = decode(smol_target, [], prompt, max_new_tokens=40, stop_strings=(word,))
+    assert result.stop_reason == "stop_string"
+    assert word in smol_target.detokenize(result.tokens)
+    assert len(result.tokens) < len(plain.tokens)
+
+
+def test_context_overflow_is_refused_before_generation(smol_target, prompt):
+    with pytest.raises(ContextOverflow, match="max_new_tokens"):
+        decode(smol_target, [], prompt, max_new_tokens=smol_target.info.context_length)
+
+
+def test_manifest_mismatch_is_an_error(smol_target, prompt):
+    with pytest.raises(ManifestMismatch):
+        decode(smol_target, [ScriptedProposer(len(prompt), [1, 2], manifest_override="0" * 64)], prompt, max_new_tokens=4)
+    # the target is left consistent: a normal generation still works
+    assert decode(smol_target, [], prompt, max_new_tokens=3).tokens
+
+
+def test_tokenizer_mismatch_is_refused(smol_draft):
+    with pytest.raises(TokenizerMismatch, match="tokenizer"):
+        DraftModelProposer(smol_draft, "f" * 64, DraftConfig())
+
+
+def test_incompatible_verifier_refused_before_target_work(smol_target, prompt):
+    from draftwise.sampling import SamplingPolicy
+
+    before = smol_target.cached_len
+    with pytest.raises(IncompatibleVerifier):
+        SpeculativeDecoder(smol_target, [PromptLookupProposer()], RejectionVerifier(),
+                           GenerationConfig(policy=SamplingPolicy(temperature=1.0)))
+    with pytest.raises(IncompatibleVerifier, match="temperature"):
+        SpeculativeDecoder(smol_target, [PromptLookupProposer()], GreedyVerifier(),
+                           GenerationConfig(policy=SamplingPolicy(temperature=1.0)))
+    assert smol_target.cached_len == before
+    assert SpeculativeDecoder(smol_target, [PromptLookupProposer()], MembershipVerifier(),
+                              GenerationConfig(policy=SamplingPolicy(temperature=1.0)))

@@ -1,0 +1,84 @@
+"""KV commit: after many rounds whose trees hold rejected branches, the committed cache gives
+the same next-token logits as a fresh prefill of the committed tokens (fp32)."""
+
+import numpy as np
+import pytest
+import torch
+
+from draftwise.topology.compile import compile_round
+from tests.helpers import result_from_paths
+
+pytestmark = pytest.mark.model
+
+
+def random_tree(rng, vocab, max_rows=10):
+    paths = []
+    for _ in range(int(rng.integers(1, 4))):
+        paths.append([int(t) for t in rng.integers(0, vocab, size=int(rng.integers(1, 4)))])
+    return result_from_paths(paths)
+
+
+def fresh_logits(backend, tokens):
+    backend.reset()
+    backend.extend(tokens[:-1])
+    logits = backend.verify(tokens[-1], None).logits[0].clone()
+    backend.rollback()
+    return logits
+
+
+def test_commit_matches_fresh_prefill_after_50_tree_rounds(smol_target):
+    backend = smol_target
+    rng = np.random.default_rng(0)
+    committed = backend.tokenize("The quick brown fox jumps over the lazy dog because")
+    backend.reset()
+    backend.extend(committed[:-1])
+    rejected_rows = 0
+    for _ in range(50):
+        round_ = compile_round(len(committed), [random_tree(rng, 2000)])
+        logits = backend.verify(committed[-1], round_)
+        row = int(rng.integers(-1, round_.n))  # accept the path to a random node (-1: nothing)
+        path = []
+        while row != -1:
+            path.append(row)
+            row = int(round_.parent[row])
+        path.reverse()
+        rejected_rows += round_.n - len(path)
+        backend.commit(path)
+        bonus = int(logits.argmax()[len(path)])  # the accepted node's own prediction
+        committed = committed + [int(round_.token_ids[r]) for r in path] + [bonus]
+        assert backend.cached_len == len(committed) - 1
+    assert rejected_rows > 50
+    got = backend.verify(committed[-1], None).logits[0].clone()
+    backend.rollback()
+    want = fresh_logits(backend, committed)
+    assert torch.allclose(got, want, atol=2e-4, rtol=1e-4), (got - want).abs().max()
+    assert int(got.argmax()) == int(want.argmax())
+
+
+def test_rejected_rows_are_never_published(smol_target):
+    backend = smol_target
+    prompt = backend.tokenize("def add(a, b):\n    return")
+    backend.reset()
+    backend.extend(prompt[:-1])
+    round_ = compile_round(len(prompt), [result_from_paths([[100, 200], [300]])])
+    backend.verify(prompt[-1], round_)
+    backend.commit([])  # everything rejected: only the pending row stays
+    probe = backend.verify(50, None).logits[0].clone()
+    backend.rollback()
+    want = fresh_logits(backend, prompt + [50])
+    assert torch.allclose(probe, want, atol=2e-4, rtol=1e-4)
+
+
+def test_sibling_row_not_published(smol_target):
+    backend = smol_target
+    prompt = backend.tokenize("Once upon a time")
+    backend.reset()
+    backend.extend(prompt[:-1])
+    round_ = compile_round(len(prompt), [result_from_paths([[100, 7], [300, 9]])])
+    rows = {round_.path_tokens(i): i for i in range(round_.n)}
+    backend.verify(prompt[-1], round_)
+    backend.commit([rows[(300,)], rows[(300, 9)]])  # the second branch, out of row order
+    probe = backend.verify(11, None).logits[0].clone()
+    backend.rollback()
+    want = fresh_logits(backend, prompt + [300, 9, 11])
+    assert torch.allclose(probe, want, atol=2e-4, rtol=1e-4)
