@@ -63,7 +63,7 @@ def choose_backend(name: str, model: ResolvedModel) -> str:
 
 
 def load_backend(model_name: str, backend: str = "auto", threads: int | None = None, device: str = "cpu",
-                 progress: Callable[[str], None] | None = None) -> Backend:
+                 progress: Callable[[str], None] | None = None, max_tree_leaves: int = 64) -> Backend:
     model = resolve(model_name, progress=progress)
     kind = choose_backend(backend, model)
     if kind == "llamacpp":
@@ -71,7 +71,7 @@ def load_backend(model_name: str, backend: str = "auto", threads: int | None = N
             raise ValueError(f"the llamacpp backend loads .gguf models; {model_name!r} is a {model.kind}")
         from draftwise.backends.llamacpp import LlamaCppBackend
 
-        return LlamaCppBackend.load(model, n_threads=threads)
+        return LlamaCppBackend.load(model, n_threads=threads, max_tree_leaves=max_tree_leaves)
     import torch
 
     from draftwise.backends.transformers import TransformersBackend
@@ -79,6 +79,15 @@ def load_backend(model_name: str, backend: str = "auto", threads: int | None = N
     if threads:
         torch.set_num_threads(threads)
     return TransformersBackend.load(model, device=device, progress=progress)
+
+
+def tree_leaves_needed(spec: DecoderSpec) -> int:
+    """Leaf sequences the target's llama.cpp context needs: 0 for chains (one sequence is
+    measurably faster there), else the node budget (a tree never has more leaves than nodes)."""
+    contracts = planned_contracts(spec)
+    if all(c.topology is TopologyKind.SEQUENCE for c in contracts):
+        return 0
+    return spec.generation.limits.max_nodes
 
 
 def make_proposers(spec: DecoderSpec, target: Backend, draft: Backend | None = None) -> list[Proposer]:

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from draftwise import models
-from draftwise.build import DecoderSpec, build_decoder, load_backend, preflight
+from draftwise.build import DecoderSpec, build_decoder, load_backend, preflight, tree_leaves_needed
 from draftwise.engine import GenerationConfig, GenerationResult
 from draftwise.proposers.draft_model import DraftConfig
 from draftwise.proposers.prompt_lookup import PromptLookupConfig
@@ -69,8 +69,9 @@ def generate(
         )
         verifier_name = preflight(spec)  # refuses incompatible pairs before any model is loaded
         say = None if as_json else (lambda m: err.print(f"[dim]{m}[/]"))
-        target_backend = load_backend(target, backend, threads, progress=say)
-        draft_backend = load_backend(draft, backend, threads, progress=say) if proposer == "draft-model" and draft else None
+        target_backend = load_backend(target, backend, threads, progress=say, max_tree_leaves=tree_leaves_needed(spec))
+        draft_backend = (load_backend(draft, backend, threads, progress=say, max_tree_leaves=0 if tree is None else 64)
+                         if proposer == "draft-model" and draft else None)
         decoder = build_decoder(spec, target_backend, draft_backend)
         prompt_ids = target_backend.chat_prompt([{"role": "user", "content": prompt}]) if chat else target_backend.tokenize(prompt)
         stream = None if as_json else _streamer(target_backend)

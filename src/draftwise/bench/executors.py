@@ -16,7 +16,7 @@ from draftwise.backends.base import Backend
 from draftwise.bench.methods import MethodSpec
 from draftwise.bench.outputs import EmitClock, TurnOutput
 from draftwise.bench.pool import ModelPool
-from draftwise.build import build_decoder
+from draftwise.build import build_decoder, tree_leaves_needed
 from draftwise.engine import GenerationConfig
 from draftwise.stats import PHASES
 
@@ -68,8 +68,9 @@ class DraftwiseExecutor:
 def prepare(method: MethodSpec, pool: ModelPool, generation: GenerationConfig) -> Executor:
     """Load (or reuse) what `method` needs; raises ModelUnavailable or ImportError with the reason."""
     if method.kind == "dw":
-        target = pool.backend(method.target, method.backend)
-        draft = pool.backend(method.draft, method.backend, role="draft") if method.draft else None
+        target = pool.backend(method.target, method.backend, leaves=tree_leaves_needed(method.decoder))
+        draft_leaves = 0 if method.decoder.tree is None else method.decoder.generation.limits.max_nodes
+        draft = pool.backend(method.draft, method.backend, role="draft", leaves=draft_leaves) if method.draft else None
         return DraftwiseExecutor(method, target, draft)
     from draftwise.bench.peers import HfExecutor, LlamaCppExecutor
 
@@ -79,5 +80,5 @@ def prepare(method: MethodSpec, pool: ModelPool, generation: GenerationConfig) -
         return HfExecutor(method, target, assistant, generation)
     lookup = method.lookup_tokens if method.kind == "llamacpp-prompt-lookup" else None
     llama = pool.llama(method.target, lookup)
-    tokenizer = pool.backend(method.target, "llamacpp")  # same chat rendering and EOS set as draftwise's llama.cpp methods
+    tokenizer = pool.backend(method.target, "llamacpp", leaves=0)  # same chat rendering and EOS set as draftwise's llama.cpp methods
     return LlamaCppExecutor(method, llama, tokenizer, generation)

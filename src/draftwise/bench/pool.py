@@ -29,11 +29,15 @@ class ModelPool:
         self._loaded: dict[tuple, object] = {}
         self._failed: dict[tuple, str] = {}
 
-    def backend(self, model: str, kind: str, role: str = "target") -> Backend:
+    def backend(self, model: str, kind: str, role: str = "target", leaves: int = 64) -> Backend:
         """A draftwise backend ('transformers' or 'llamacpp') for `model`.  Targets and drafts are
         separate objects even for the same model: a backend holds one KV cache, and a draft
-        sharing its target's cache would overwrite the rows the target is verifying against."""
-        return self._get(("backend", model, kind, role), lambda: load_backend(model, kind, self.threads, progress=self._say))
+        sharing its target's cache would overwrite the rows the target is verifying against.
+        llama.cpp contexts are also keyed by their leaf budget: a one-sequence context serves
+        chains measurably faster than one sized for trees."""
+        leaves = leaves if kind == "llamacpp" else 0
+        return self._get(("backend", model, kind, role, leaves),
+                         lambda: load_backend(model, kind, self.threads, progress=self._say, max_tree_leaves=leaves))
 
     def llama(self, model: str, lookup_tokens: int | None) -> object:
         """llama-cpp-python's high-level `Llama`; with `lookup_tokens` it carries LlamaPromptLookupDecoding.
