@@ -9,6 +9,7 @@ path authoritative and drops every other row, or `rollback()` drops them all.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -81,3 +82,12 @@ def check_fits(info: BackendInfo, prompt_tokens: int, max_new_tokens: int) -> No
             f"prompt ({prompt_tokens} tokens) plus max_new_tokens ({max_new_tokens}) needs {need} positions, "
             f"but {info.checkpoint} has a context of {info.context_length}; shorten the prompt or lower max_new_tokens"
         )
+
+
+def tokenizer_fingerprint(token_strings: Sequence[str]) -> str:
+    """sha256 of the vocabulary in id order: equal for the same tokenizer on every backend."""
+    digest = hashlib.sha256()
+    for text in token_strings:
+        digest.update(text.encode("utf-8", "surrogatepass"))
+        digest.update(b"\x00")
+    return digest.hexdigest()

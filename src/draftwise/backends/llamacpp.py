@@ -34,7 +34,7 @@ import numpy as np
 from draftwise.backends.base import BackendError, BackendInfo, ContextOverflow
 from draftwise.backends.llamacpp_batch import NumpyBatch
 from draftwise.backends.llamacpp_text import detokenize, model_meta, render_chat, tokenize, vocab_texts
-from draftwise.backends.transformers import tokenizer_fingerprint
+from draftwise.backends.base import tokenizer_fingerprint
 from draftwise.models import ResolvedModel
 from draftwise.topology.compile import CompiledRound
 from draftwise.verify.base import NumpyLogits

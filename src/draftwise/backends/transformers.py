@@ -9,7 +9,6 @@ cache next to the pending row and crops the rest.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,19 +18,10 @@ import numpy as np
 import torch
 
 from draftwise.artifacts import read_manifest, write_manifest
-from draftwise.backends.base import BackendError, BackendInfo
+from draftwise.backends.base import BackendError, BackendInfo, tokenizer_fingerprint
 from draftwise.models import ResolvedModel, cache_dir
 from draftwise.sampling import SamplingPolicy
 from draftwise.topology.compile import CompiledRound
-
-
-def tokenizer_fingerprint(token_strings: Sequence[str]) -> str:
-    """sha256 of the vocabulary in id order: equal for the same tokenizer on every backend."""
-    digest = hashlib.sha256()
-    for text in token_strings:
-        digest.update(text.encode("utf-8", "surrogatepass"))
-        digest.update(b"\x00")
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True, eq=False)
