@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/draftwise bench \
-  --workload humaneval:0-19 \
+  --workload "${WORKLOAD:-humaneval:0-19}" \
   --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b \
   --max-new-tokens 128 --temperature 0 --seed 0 --repeats 1 --threads 2 \
   --method dw-plain=dw:proposer=none,backend=transformers \

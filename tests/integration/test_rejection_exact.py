@@ -17,7 +17,7 @@ from draftwise.verify.rejection import RejectionVerifier, accept_probability
 
 V = 8
 PROMPT = [1, 2, 3]
-SAMPLES = 3000
+SAMPLES = 2000
 
 
 class TinyTokenizer:
