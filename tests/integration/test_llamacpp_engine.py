@@ -6,7 +6,9 @@ logits that differ from the same row decoded alone by up to ~0.8 on this model (
 test_llamacpp_backend.py).  So "identical" is checked in the only form that can hold for any
 llama.cpp speculative decoder (llama.cpp's own included): every output equals plain decoding
 up to its end, or up to a position where plain decoding itself was a near-tie (top-2 logit
-margin below NEAR_TIE) — and most prompts must match to the last token.
+margin below NEAR_TIE).  A KV or publication bug moves logits by 3-9 (measured), so it
+diverges where the margin is clear and fails here.  On this 135M Q4 model such near-ties are
+common: under load, 6 of 10 prompts diverged at one within 32 tokens, all at margins < 1.5.
 """
 
 import logging
@@ -26,7 +28,7 @@ from draftwise.verify.greedy import GreedyVerifier  # noqa: E402
 
 pytestmark = [pytest.mark.model, pytest.mark.llamacpp]
 NEW = 32
-NEAR_TIE = 1.5  # twice the measured batching noise, see test_llamacpp_backend.py
+NEAR_TIE = 1.0  # above the measured batching noise (max 0.76), see test_llamacpp_backend.py
 CONFIG = GenerationConfig(max_new_tokens=NEW)
 
 
@@ -74,22 +76,20 @@ def assert_matches_plain(backend, prompt, got, reference) -> bool:
 def test_prompt_lookup_identical_to_plain(target, prompts_and_plain, candidates):
     prompts, plain = prompts_and_plain
     proposer = PromptLookupProposer(PromptLookupConfig(max_candidates=candidates))
-    drafted = identical = 0
+    drafted = 0
     for prompt, reference in zip(prompts, plain):
         result = SpeculativeDecoder(target, [proposer], GreedyVerifier(), CONFIG).generate(prompt)
-        identical += assert_matches_plain(target, prompt, result.tokens, reference)
+        assert_matches_plain(target, prompt, result.tokens, reference)
         drafted += sum(result.from_draft)
     assert drafted > 0
-    assert identical >= len(prompts) // 2
 
 
 def test_draft_model_identical_to_plain(target, draft, prompts_and_plain):
     prompts, plain = prompts_and_plain
     proposer = DraftModelProposer(draft, target.info.tokenizer_hash, DraftConfig(k=4, confidence_threshold=0.0))
-    accepted = identical = 0
+    accepted = 0
     for prompt, reference in zip(prompts, plain):
         result = SpeculativeDecoder(target, [proposer], GreedyVerifier(), CONFIG).generate(prompt)
-        identical += assert_matches_plain(target, prompt, result.tokens, reference)
+        assert_matches_plain(target, prompt, result.tokens, reference)
         accepted += sum(result.from_draft)
-    assert identical >= len(prompts) // 2
     assert accepted > NEW * len(prompts) * 0.5  # the draft IS the target: most drafts are accepted

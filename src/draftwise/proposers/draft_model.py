@@ -46,7 +46,7 @@ class TokenizerMismatch(ContractError):
 @dataclass(frozen=True)
 class DraftConfig:
     k: int = 8  # chain length (chain mode)
-    confidence_threshold: float = 0.4  # stop the chain when the draft's top probability is lower; 0 disables
+    confidence_threshold: float = 0.4  # stop the chain after a token the draft gave less than this; 0 disables
     template: Template | None = None  # tree mode when given
     relation: SamplingRelation = SamplingRelation.IID  # how tree children are drawn
 
@@ -133,13 +133,14 @@ class DraftModelProposer:
             logits = self.draft.extend(feed)
             self._cached.extend(feed)
             q = logits.probs(0, self._policy)  # [V]
-            if self.config.confidence_threshold and depth > 1:
-                if logits.probs(0, RAW).max() < self.config.confidence_threshold:
-                    break
             token = int(q.argmax()) if self._policy.greedy else sample(q, self._rng)
             dists[depth - 2] = q  # parent of the depth-d node is node d - 2 (-1 = frontier)
             nodes.append(ProposalNode(token=token, parent=depth - 2, depth=depth, q=float(q[token]), source=self.name))
             feed = [token]
+            # transformers' ConfidenceCriteria: keep the token just drafted, stop after it when the
+            # draft's own probability for it is below the threshold
+            if self.config.confidence_threshold and logits.probs(0, RAW)[token] < self.config.confidence_threshold:
+                break
         return nodes, dists
 
     # ---- tree: one draft pass per level -------------------------------------------------------
