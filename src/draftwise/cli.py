@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from dataclasses import replace
 from typing import Optional
@@ -23,6 +24,11 @@ models_app = typer.Typer(help="Embedded model aliases: list, pull, verify.", no_
 app.add_typer(models_app, name="models")
 err = Console(stderr=True)
 DEFAULTS = DecoderSpec()
+
+
+def _quiet_llama_cpp() -> None:
+    """llama.cpp logs every load to stderr through llama-cpp-python's logger; the CLI shows errors only."""
+    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
 
 
 def _fail(message: str) -> None:
@@ -68,6 +74,7 @@ def generate(
                                         exact=not allow_heuristic),
         )
         verifier_name = preflight(spec)  # refuses incompatible pairs before any model is loaded
+        _quiet_llama_cpp()
         say = None if as_json else (lambda m: err.print(f"[dim]{m}[/]"))
         target_backend = load_backend(target, backend, threads, progress=say, max_tree_leaves=tree_leaves_needed(spec))
         draft_backend = (load_backend(draft, backend, threads, progress=say, max_tree_leaves=0 if tree is None else 64)
@@ -204,6 +211,7 @@ def profile(
 
     from draftwise.backends.profile import write_profile
 
+    _quiet_llama_cpp()
     rows = tuple(2**i for i in range(max_rows.bit_length()) if 2**i <= max_rows)
     target_backend = load_backend(target, backend, threads, progress=lambda m: err.print(f"[dim]{m}[/]"))
     result = write_profile(target_backend, Path(out), prefix_len=prefix_len, rows=rows, repeats=repeats,
