@@ -19,6 +19,8 @@ parameterized by a `pick` function so the oracles can enumerate whole rounds too
 
 from __future__ import annotations
 
+import abc
+
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -106,15 +108,16 @@ def proposal_at(round_: CompiledRound, row: int, child: int) -> np.ndarray:
     return q
 
 
-class ResidualTreeVerifier:
+class ResidualTreeVerifier(abc.ABC):
     """Shared walk: at each node decide among the draws, descend into the accepted one, or
     emit a residual sample; at a node without draws emit a sample of p (the bonus).
     Subclasses supply `node_decision` (the per-node law) and may override `draws`."""
 
     capabilities: VerifierCapabilities
 
+    @abc.abstractmethod
     def node_decision(self, p: np.ndarray, q: np.ndarray, tokens: Sequence[int]) -> NodeDecision:
-        raise NotImplementedError
+        """The exact outcome law at one node (SpecInfer, Sequoia and SpecTr differ only here)."""
 
     def draws(self, round_: CompiledRound, row: int) -> tuple[int, ...]:
         return draw_rows(round_, row)
