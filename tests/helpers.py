@@ -29,3 +29,17 @@ def result_from_paths(paths: Sequence[Sequence[int]], source: str = "test", mani
                 index[prefix] = len(nodes)
                 nodes.append(ProposalNode(token=prefix[-1], parent=parent, depth=depth, source=source))
     return ProposalResult(nodes=tuple(nodes), contract=contract, source=source, manifest_hash=manifest_hash)
+
+
+class ByteEncoder:
+    """A tokenizer stand-in for index tests: UTF-8 bytes are the token ids."""
+
+    name = "bytes"
+    vocab_size = 256
+    hash = "bytes-v1"
+
+    def encode_batch(self, texts):
+        return [list(t.encode("utf-8")) for t in texts]
+
+    def decode(self, ids):
+        return bytes(ids).decode("utf-8", errors="replace")

@@ -10,18 +10,9 @@ import numpy as np
 from draftwise.proposers.retrieval.corpus import resolve_source
 from draftwise.proposers.retrieval.exclusion import HUMANEVAL, NgramFilter, humaneval_path, load_eval_set, window_hashes
 from draftwise.proposers.retrieval.index import RestIndex, build_index, index_info
+from tests.helpers import ByteEncoder
 
 
-class ByteEncoder:
-    name = "bytes"
-    vocab_size = 256
-    hash = "bytes-v1"
-
-    def encode_batch(self, texts):
-        return [list(t.encode("utf-8")) for t in texts]
-
-    def decode(self, ids):
-        return bytes(ids).decode("utf-8", errors="replace")
 
 
 def test_window_hashes_match_equal_windows_only():

@@ -18,20 +18,9 @@ from draftwise.proposers.retrieval.index import (
     index_info,
     verify_index,
 )
+from tests.helpers import ByteEncoder
 
 
-class ByteEncoder:
-    """A tokenizer stand-in: UTF-8 bytes are the token ids."""
-
-    name = "bytes"
-    vocab_size = 256
-    hash = "bytes-v1"
-
-    def encode_batch(self, texts):
-        return [list(t.encode("utf-8")) for t in texts]
-
-    def decode(self, ids):
-        return bytes(ids).decode("utf-8", errors="replace")
 
 
 @pytest.fixture
