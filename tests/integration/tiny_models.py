@@ -1,0 +1,75 @@
+"""Tiny randomly initialised Llamas behind the real transformers backend, the exact joint law
+of their first two emitted tokens, and the chi-square test the distribution tests share.
+
+The models are small enough for thousands of seeded generations in seconds, and peaked
+(initializer_range 0.6) so that target and draft disagree often: every residual branch of a
+verifier is exercised."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+from scipy.stats import chisquare
+
+from draftwise.backends.base import BackendInfo
+from draftwise.backends.transformers import TransformersBackend
+from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.sampling import SamplingPolicy
+
+V = 8
+PROMPT = [1, 2, 3]
+
+
+class TinyTokenizer:
+    def decode(self, ids, skip_special_tokens=False):
+        return " ".join(str(i) for i in ids)
+
+
+def tiny_backend(seed: int) -> TransformersBackend:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                         initializer_range=0.6, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    info = BackendInfo(name="transformers", checkpoint=f"tiny-llama-seed{seed}", tokenizer_hash="tiny", vocab_size=V,
+                       context_length=64, dtype="float32", device="cpu", eos_token_ids=frozenset({V + 1}))
+    return TransformersBackend(model, TinyTokenizer(), info)
+
+
+def exact_joint(target: TransformersBackend, policy: SamplingPolicy) -> np.ndarray:
+    """[V, V]: P(first emitted token = a, second = b) under the target alone."""
+
+    def next_probs(tokens: Sequence[int]) -> np.ndarray:
+        target.reset()
+        target.extend(list(tokens[:-1]))
+        p = target.verify(tokens[-1], None).probs(0, policy)
+        target.rollback()
+        return p
+
+    p1 = next_probs(PROMPT)
+    return np.stack([p1[x] * next_probs(PROMPT + [x]) for x in range(V)])
+
+
+def first_two_counts(target, proposer, verifier, policy: SamplingPolicy, samples: int) -> np.ndarray:
+    """[V, V] counts of the first two emitted tokens over `samples` seeded generations."""
+    counts = np.zeros((V, V))
+    for seed in range(samples):
+        config = GenerationConfig(max_new_tokens=2, policy=policy, seed=seed)
+        tokens = SpeculativeDecoder(target, [proposer], verifier, config).generate(PROMPT).tokens
+        counts[tokens[0], tokens[1]] += 1
+    return counts
+
+
+def chi_square_p(counts: np.ndarray, joint: np.ndarray) -> float:
+    """Goodness of fit of `counts` to the law `joint`; cells expecting < 5 are pooled so the
+    chi-square approximation holds."""
+    samples = counts.sum()
+    expected = joint.ravel() * samples
+    big = expected >= 5
+    observed = np.append(counts.ravel()[big], counts.ravel()[~big].sum())
+    expected = np.append(expected[big], expected[~big].sum())
+    return float(chisquare(observed, expected).pvalue)
