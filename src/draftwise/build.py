@@ -8,6 +8,7 @@ component; this module only reads them.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -18,7 +19,8 @@ from draftwise.models import DEFAULT_MODEL, ResolvedModel, resolve
 from draftwise.proposers.base import Proposer
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer, draft_contract
 from draftwise.proposers.prompt_lookup import PromptLookupConfig, PromptLookupProposer
-from draftwise.topology.templates import parse_template
+from draftwise.topology.compile import TreeLimits
+from draftwise.topology.templates import Template, from_paths, parse_template
 from draftwise.verify.base import bind
 from draftwise.verify.registry import make_verifier
 
@@ -37,7 +39,7 @@ class DecoderSpec:
     verifier: str = "auto"
     prompt_lookup: PromptLookupConfig = PromptLookupConfig()
     draft_config: DraftConfig = DraftConfig()
-    tree: str | None = None  # tree template for draft-model trees ("wbd:2,2,1", "cartesian:3,2,2", JSON paths)
+    tree: str | None = None  # draft-model tree: "wbd:2,2,1", "cartesian:3,2,2", JSON paths, or a tree artifact dir
     relation: str = "iid"  # how draft-tree children are drawn: iid, without_replacement, beam (top-k)
     index: str | None = None  # REST datastore directory
     threads: int | None = None
@@ -87,7 +89,26 @@ def tree_leaves_needed(spec: DecoderSpec) -> int:
     contracts = planned_contracts(spec)
     if all(c.topology is TopologyKind.SEQUENCE for c in contracts):
         return 0
-    return spec.generation.limits.max_nodes
+    return fitted_generation(spec).limits.max_nodes
+
+
+def draft_template(spec: DecoderSpec) -> Template | None:
+    """The draft tree: a template spec, or a directory written by `draftwise tree optimize`,
+    whose paths are used only under the sampling policy it was optimized for."""
+    if not spec.tree:
+        return None
+    if Path(spec.tree).is_dir():
+        from draftwise.optimize.select import load_tree_artifact
+
+        artifact = load_tree_artifact(Path(spec.tree))
+        wanted = spec.generation.policy.as_dict()
+        if dict(artifact.policy) != wanted:
+            raise ValueError(
+                f"tree {spec.tree} was optimized under sampling policy {dict(artifact.policy)}, not {wanted}; "
+                "calibrate and optimize again for this policy"
+            )
+        return from_paths(artifact.choice.paths)
+    return parse_template(spec.tree)
 
 
 def make_proposers(spec: DecoderSpec, target: Backend, draft: Backend | None = None) -> list[Proposer]:
@@ -102,7 +123,7 @@ def make_proposers(spec: DecoderSpec, target: Backend, draft: Backend | None = N
             raise ValueError("--proposer draft-model needs --draft MODEL (a model sharing the target's tokenizer)")
         config = spec.draft_config
         if spec.tree:
-            config = replace(config, template=parse_template(spec.tree), relation=SamplingRelation(spec.relation))
+            config = replace(config, template=draft_template(spec), relation=SamplingRelation(spec.relation))
         return [DraftModelProposer(draft, target.info.tokenizer_hash, config)]
     if not spec.index:
         raise ValueError("--proposer rest needs --index DIR (build one with `draftwise index build`)")
@@ -118,8 +139,7 @@ def planned_contracts(spec: DecoderSpec) -> list[ProposerContract]:
     if spec.proposer == "prompt-lookup":
         return [PromptLookupProposer(spec.prompt_lookup).contract]
     if spec.proposer == "draft-model":
-        template = parse_template(spec.tree) if spec.tree else None
-        return [draft_contract(template, SamplingRelation(spec.relation))]
+        return [draft_contract(draft_template(spec), SamplingRelation(spec.relation))]
     return [ProposerContract(ProbabilitySemantics.FREQUENCY, SamplingRelation.DETERMINISTIC_LOOKUP, TopologyKind.TREE)]
 
 
@@ -131,10 +151,35 @@ def preflight(spec: DecoderSpec) -> str:
     return verifier.capabilities.name
 
 
+def proposal_shape(spec: DecoderSpec) -> tuple[int, int]:
+    """(nodes, depth) the configured proposer can produce in one round; (0, 0) when unknown
+    in advance (REST tries are pruned by the index's own node budget)."""
+    if spec.proposer == "prompt-lookup":
+        lookup = spec.prompt_lookup
+        return lookup.num_tokens * lookup.max_candidates, lookup.num_tokens
+    if spec.proposer == "draft-model":
+        template = draft_template(spec)
+        if template is None:
+            return spec.draft_config.k, spec.draft_config.k
+        return len(template), max(map(len, template), default=0)
+    return 0, 0
+
+
+def fitted_generation(spec: DecoderSpec) -> GenerationConfig:
+    """The generation config with tree limits raised to the proposer's configured shape.
+    A draft whose tail the compiler cuts is paid for and never verified: a k = 20 chain under
+    the 16-deep default verified 17 tokens per round where transformers verifies 21."""
+    nodes, depth = proposal_shape(spec)
+    limits = spec.generation.limits
+    if nodes <= limits.max_nodes and depth <= limits.max_depth:
+        return spec.generation
+    return replace(spec.generation, limits=TreeLimits(max(limits.max_nodes, nodes), max(limits.max_depth, depth)))
+
+
 def build_decoder(spec: DecoderSpec, target: Backend, draft: Backend | None = None) -> SpeculativeDecoder:
     proposers = make_proposers(spec, target, draft)
     verifier = make_verifier(spec.verifier, [p.contract for p in proposers], spec.generation.policy)
-    return SpeculativeDecoder(target, proposers, verifier, spec.generation)
+    return SpeculativeDecoder(target, proposers, verifier, fitted_generation(spec))
 
 
 def default_threads() -> int:

@@ -15,6 +15,7 @@ from rich.table import Table
 from draftwise import models
 from draftwise.build import DecoderSpec, build_decoder, load_backend, preflight, tree_leaves_needed
 from draftwise.engine import GenerationConfig, GenerationResult
+from draftwise.optimize.auto import relation_for
 from draftwise.proposers.draft_model import DraftConfig
 from draftwise.proposers.prompt_lookup import PromptLookupConfig
 from draftwise.sampling import PolicyError, SamplingPolicy
@@ -52,7 +53,7 @@ def generate(
     seed: int = typer.Option(0),
     max_new_tokens: int = typer.Option(GenerationConfig().max_new_tokens),
     draft_k: int = typer.Option(DraftConfig().k, help="Draft chain length."),
-    tree: Optional[str] = typer.Option(None, help="Draft tree template: chain:4, wbd:2,2,1, cartesian:3,2,2 or JSON paths."),
+    tree: Optional[str] = typer.Option(None, help="Draft tree: chain:4, wbd:2,2,1, cartesian:3,2,2, JSON paths, or a `tree optimize` directory."),
     relation: str = typer.Option(DEFAULTS.relation, help="Draft tree children: iid | without_replacement | beam."),
     lookup_tokens: int = typer.Option(PromptLookupConfig().num_tokens, help="Prompt lookup tokens per proposal."),
     lookup_ngram: int = typer.Option(PromptLookupConfig().max_ngram, help="Prompt lookup max n-gram size."),
@@ -60,6 +61,7 @@ def generate(
     index: Optional[str] = typer.Option(None, help="REST datastore for --proposer rest."),
     threads: Optional[int] = typer.Option(None, help="CPU threads (default: all cores)."),
     stop: list[str] = typer.Option([], help="Stop string (repeatable)."),
+    calibration_workload: str = typer.Option("humaneval:0-1", help="Prompts that calibrate --tree auto on first use."),
     compare_ar: bool = typer.Option(False, "--compare-ar", help="Also run plain decoding and compare."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text and stats."),
 ) -> None:
@@ -73,12 +75,17 @@ def generate(
             generation=GenerationConfig(max_new_tokens=max_new_tokens, policy=policy, seed=seed, stop_strings=tuple(stop),
                                         exact=not allow_heuristic),
         )
+        auto = tree == "auto"
+        if auto:  # the tree is chosen after loading; its contract is known now
+            spec = replace(spec, tree=AUTO_PLACEHOLDER, relation=relation_for(policy).value)
         verifier_name = preflight(spec)  # refuses incompatible pairs before any model is loaded
         _quiet_llama_cpp()
         say = None if as_json else (lambda m: err.print(f"[dim]{m}[/]"))
         target_backend = load_backend(target, backend, threads, progress=say, max_tree_leaves=tree_leaves_needed(spec))
         draft_backend = (load_backend(draft, backend, threads, progress=say, max_tree_leaves=0 if tree is None else 64)
                          if proposer == "draft-model" and draft else None)
+        if auto:
+            spec = _auto_tree_spec(spec, target_backend, draft_backend, calibration_workload, say)
         decoder = build_decoder(spec, target_backend, draft_backend)
         prompt_ids = target_backend.chat_prompt([{"role": "user", "content": prompt}]) if chat else target_backend.tokenize(prompt)
         stream = None if as_json else _streamer(target_backend)
@@ -96,6 +103,27 @@ def generate(
     else:
         sys.stdout.write("\n")
         _print_stats(report)
+
+
+AUTO_PLACEHOLDER = "cartesian:2,2"  # any multi-level template: its contract is the one auto trees declare
+
+
+def _auto_tree_spec(spec: DecoderSpec, target_backend, draft_backend, workload: str, say) -> DecoderSpec:
+    """Resolve `--tree auto` to the cached (or freshly measured) optimal tree artifact."""
+    from draftwise.bench.workloads import messages_for, parse_workload
+    from draftwise.models import cache_dir
+    from draftwise.optimize.auto import auto_tree
+
+    if spec.proposer != "draft-model" or draft_backend is None:
+        raise ValueError("--tree auto chooses a draft-model tree: pass --proposer draft-model --draft MODEL")
+    prompts = [target_backend.chat_prompt(messages_for(q, 0, [])) for q in parse_workload(workload).questions]
+    artifact = auto_tree(target_backend, draft_backend, spec.generation.policy, prompts,
+                         cache_dir().parent / "auto", progress=say)
+    choice = artifact.choice
+    (say or (lambda m: None))(f"auto tree: n={choice.n} d={choice.d}, predicted speedup {choice.speedup:.2f}")
+    if choice.n == 1:  # measured: no tree beats plain decoding here
+        return replace(spec, proposer="none", tree=None)
+    return replace(spec, tree=str(artifact.directory))
 
 
 def _streamer(backend):
@@ -203,6 +231,7 @@ def profile(
     threads: Optional[int] = typer.Option(None, help="CPU threads (default: all cores)."),
     prefix_len: int = typer.Option(512, help="Committed prefix length the rounds sit on."),
     max_rows: int = typer.Option(64, help="Measure n = 1, 2, 4, ... up to this many rows."),
+    rows_list: Optional[str] = typer.Option(None, "--rows", help="Explicit row counts, e.g. 1,2,3,4,6,8 (overrides --max-rows)."),
     repeats: int = typer.Option(5, help="Timed repeats per n (the median is kept)."),
     out: str = typer.Option(..., help="Directory for the verify_profile artifact."),
 ) -> None:
@@ -212,7 +241,17 @@ def profile(
     from draftwise.backends.profile import write_profile
 
     _quiet_llama_cpp()
-    rows = tuple(2**i for i in range(max_rows.bit_length()) if 2**i <= max_rows)
+    if rows_list:
+        try:
+            rows = tuple(sorted({int(r) for r in rows_list.split(",")}))
+        except ValueError:
+            _fail(f"--rows {rows_list!r} is not a comma-separated list of integers")
+            return
+        if rows[0] != 1:
+            _fail("--rows must include 1: t(n) is relative to a plain decoding step")
+            return
+    else:
+        rows = tuple(2**i for i in range(max_rows.bit_length()) if 2**i <= max_rows)
     target_backend = load_backend(target, backend, threads, progress=lambda m: err.print(f"[dim]{m}[/]"))
     result = write_profile(target_backend, Path(out), prefix_len=prefix_len, rows=rows, repeats=repeats,
                            progress=lambda m: err.print(m))
@@ -225,8 +264,11 @@ def profile(
 def _wire_subcommands() -> None:
     from draftwise.bench.cli import bench_app
     from draftwise.cli_index import index_app
+    from draftwise.cli_tree import calibrate, tree_app
 
     app.add_typer(index_app, name="index")
+    app.add_typer(tree_app, name="tree")
+    app.command()(calibrate)
     app.add_typer(bench_app, name="bench")
 
 

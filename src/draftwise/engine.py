@@ -21,7 +21,7 @@ from draftwise.contracts import RoundManifest
 from draftwise.proposers.base import Proposer
 from draftwise.sampling import SamplingPolicy
 from draftwise.stats import GenerationStats, RoundRecord, summarize
-from draftwise.topology.compile import COMPILER_VERSION, TreeLimits, compile_round
+from draftwise.topology.compile import COMPILER_VERSION, CompiledRound, TreeLimits, compile_round
 from draftwise.verify.base import Verifier, bind
 
 
@@ -197,8 +197,26 @@ class SpeculativeDecoder:
             fallback=bool(self.proposers) and not proposed,
             temp_kv_bytes=temp_kv,
             seconds=seconds,
+            slot_path=slot_path(round_, selection.accepted_rows),
         )
         return record, emitter.tokens[-emitted_count:] if emitted_count else []
+
+
+def slot_path(round_: CompiledRound, accepted_rows: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """(children offered, index of the selected child or -1) at the frontier and at every
+    accepted row, stopping at the first node without children.  A child's index is its place
+    in proposal order (`children_of`), i.e. its slot for a template or top-k proposer."""
+    path: list[tuple[int, int]] = []
+    parent = -1
+    for row in [*accepted_rows, None]:
+        children = round_.children_of(parent)
+        if not children:
+            break
+        path.append((len(children), children.index(row) if row in children else -1))
+        if row is None:
+            break
+        parent = row
+    return tuple(path)
 
 
 def _lap(clock: float) -> tuple[float, float]:

@@ -18,6 +18,9 @@ class RoundRecord:
     fallback: bool  # the proposers returned nothing: one ordinary target step
     temp_kv_bytes: int  # KV bytes held while the round's rows were provisional
     seconds: dict[str, float] = field(default_factory=dict)  # phase -> seconds
+    # (children offered, slot selected or -1) at each node the selection reached that had
+    # children: the frontier first, then every accepted row.  What calibration counts.
+    slot_path: tuple[tuple[int, int], ...] = ()
 
     @property
     def total_seconds(self) -> float:

@@ -23,6 +23,11 @@ PROMPT = [1, 2, 3]
 
 
 class TinyTokenizer:
+    """Text <-> ids for an 8-token vocabulary: enough for the backend's tokenize/decode calls."""
+
+    def __call__(self, text, add_special_tokens=True):
+        return type("Encoding", (), {"input_ids": [ord(c) % V for c in text]})()
+
     def decode(self, ids, skip_special_tokens=False):
         return " ".join(str(i) for i in ids)
 

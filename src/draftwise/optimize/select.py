@@ -112,6 +112,7 @@ class TreeArtifact:
     hardware_manifest_hash: str
     policy: Mapping[str, Any]
     manifest_hash: str
+    directory: Path
 
 
 def save_tree_artifact(
@@ -150,4 +151,4 @@ def load_tree_artifact(
             )
     return TreeArtifact(choice=choice, acceptance_manifest_hash=prov["acceptance_manifest"],
                         hardware_manifest_hash=prov["hardware_manifest"], policy=dict(prov["policy"]),
-                        manifest_hash=manifest.hash)
+                        manifest_hash=manifest.hash, directory=Path(directory))

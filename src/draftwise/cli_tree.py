@@ -1,0 +1,155 @@
+"""`draftwise calibrate` and `draftwise tree optimize`: measured inputs -> a chosen tree.
+
+calibrate      run real verification on width-W trees over a workload and save the positional
+               acceptance (an "acceptance" artifact) with the proposer's cost per depth;
+tree optimize  combine it with a verify-cost profile (`draftwise profile`) and write the tree
+               with the least predicted time per committed token (a "tree" artifact), which
+               `draftwise generate --tree DIR` uses for a draft-model tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from draftwise.artifacts import ArtifactError, read_manifest
+from draftwise.build import DecoderSpec, build_decoder, load_backend, preflight, tree_leaves_needed
+from draftwise.engine import GenerationConfig
+from draftwise.proposers.prompt_lookup import PromptLookupConfig
+from draftwise.sampling import PolicyError, SamplingPolicy
+
+tree_app = typer.Typer(help="Hardware-aware trees: optimize a draft tree from measured artifacts.", no_args_is_help=True)
+err = Console(stderr=True)
+CALIBRATED_PROPOSERS = ("draft-model", "prompt-lookup")
+
+
+def _fail(message: str) -> None:
+    err.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(2)
+
+
+def calibration_spec(target: str, backend: str, threads: Optional[int], proposer: str, draft: Optional[str],
+                     width: int, depth: int, relation: Optional[str], policy: SamplingPolicy,
+                     max_new_tokens: int, seed: int) -> DecoderSpec:
+    """The decoder whose rounds are counted: width-W trees of depth D from the proposer.
+    Draft-model children are top-k under greedy decoding (verified greedily) and drawn without
+    replacement when sampling (verified by Sequoia) unless `relation` says otherwise."""
+    if proposer not in CALIBRATED_PROPOSERS:
+        raise ValueError(f"calibration measures {', '.join(CALIBRATED_PROPOSERS)}, not {proposer!r}")
+    if width < 1 or depth < 1:
+        raise ValueError(f"--width and --depth must be >= 1, got {width} and {depth}")
+    generation = GenerationConfig(max_new_tokens=max_new_tokens, policy=policy, seed=seed)
+    spec = DecoderSpec(target=target, backend=backend, proposer=proposer, draft=draft, threads=threads,
+                       generation=generation)
+    if proposer == "prompt-lookup":
+        return replace(spec, prompt_lookup=PromptLookupConfig(num_tokens=depth, max_candidates=width))
+    chosen = relation or ("beam" if policy.greedy else "without_replacement")
+    return replace(spec, tree="cartesian:" + ",".join([str(width)] * depth), relation=chosen)
+
+
+def calibrate(
+    target: str = typer.Option(DecoderSpec().target, help="Target model."),
+    proposer: str = typer.Option("draft-model", help="draft-model | prompt-lookup."),
+    draft: Optional[str] = typer.Option(None, help="Draft model for --proposer draft-model."),
+    backend: str = typer.Option("auto", help="auto | transformers | llamacpp."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads (default: all cores)."),
+    width: int = typer.Option(4, help="Children per parent: the slots measured."),
+    depth: int = typer.Option(1, help="Tree depth; > 1 measures a depth-indexed profile."),
+    relation: Optional[str] = typer.Option(None, help="Draft children: beam (top-k) | without_replacement | iid."),
+    workload: str = typer.Option("humaneval:0-4", help="Spec-Bench JSONL, humaneval:A-B or a prompt file (first turns)."),
+    max_new_tokens: int = typer.Option(64, help="Tokens generated per prompt."),
+    temperature: float = typer.Option(0.0, help="0 = greedy."),
+    top_p: float = typer.Option(1.0),
+    top_k: int = typer.Option(0),
+    seed: int = typer.Option(0),
+    out: Path = typer.Option(..., help="Directory for the acceptance artifact."),
+) -> None:
+    """Measure positional acceptance p_j (and the proposer's cost per depth) by real verification."""
+    from draftwise.bench.workloads import WorkloadError, messages_for, parse_workload
+    from draftwise.optimize.calibrate import calibrate as run_calibration
+    from draftwise.optimize.calibrate import calibration_provenance, profile_from_counts
+
+    try:
+        policy = SamplingPolicy(temperature=temperature, top_k=top_k, top_p=top_p)
+        spec = calibration_spec(target, backend, threads, proposer, draft, width, depth, relation, policy,
+                                max_new_tokens, seed)
+        verifier = preflight(spec)
+        questions = parse_workload(workload).questions
+        say = lambda m: err.print(f"[dim]{m}[/]")  # noqa: E731
+        target_backend = load_backend(target, backend, threads, progress=say, max_tree_leaves=tree_leaves_needed(spec))
+        draft_backend = (load_backend(draft, backend, threads, progress=say, max_tree_leaves=64)
+                         if proposer == "draft-model" and draft else None)
+        decoder = build_decoder(spec, target_backend, draft_backend)
+        prompts = [target_backend.chat_prompt(messages_for(q, 0, [])) for q in questions]
+        err.print(f"calibrating {proposer} (width {width}, depth {depth}, verifier {verifier}) on {len(prompts)} prompts")
+        counts = run_calibration(decoder, prompts, width, depth,
+                                 progress=lambda done, total: err.print(f"  {done}/{total} prompts"))
+        provenance = calibration_provenance(decoder, counts, workload, prompts, getattr(target_backend, "n_threads", threads))
+        profile = profile_from_counts(counts, provenance)
+        manifest = profile.save(out)
+    except (ValueError, RuntimeError, PolicyError, WorkloadError) as exc:
+        _fail(str(exc))
+        return
+    table = Table("depth", "reached", *[f"p{j}" for j in range(width)], "none selected")
+    for k, row in enumerate(profile.p):
+        table.add_row(str(k + 1), str(counts.reached[k]), *[f"{x:.3f}" for x in row], f"{1 - sum(row):.3f}")
+    Console().print(table)
+    Console().print(f"{counts.rounds} rounds; proposer cost per depth {counts.draft_step_seconds * 1e3:.2f} ms; "
+                    f"saved {out} (manifest {manifest.hash[:12]}…)")
+
+
+def _check_compatible(acceptance: dict, profile) -> None:
+    """A tree optimized from artifacts of different configurations predicts nothing."""
+    if acceptance.get("target") != profile.model:
+        raise ValueError(f"acceptance was measured on {acceptance.get('target')}, the profile on {profile.model}")
+    if acceptance.get("backend") != profile.backend:
+        raise ValueError(f"acceptance was measured on backend {acceptance.get('backend')}, the profile on {profile.backend}")
+    threads = acceptance.get("threads")
+    if threads and profile.threads and int(threads) != int(profile.threads):
+        raise ValueError(f"acceptance was measured with {threads} threads, the profile with {profile.threads}")
+
+
+@tree_app.command("optimize")
+def optimize(
+    acceptance: Path = typer.Option(..., help="Acceptance artifact from `draftwise calibrate`."),
+    profile: Path = typer.Option(..., help="Verify-cost profile from `draftwise profile`."),
+    draft_cost: Optional[float] = typer.Option(None, help="c per depth in plain-step units (default: measured)."),
+    max_nodes: int = typer.Option(32, help="Largest tree, root included."),
+    max_depth: int = typer.Option(8, help="Deepest tree."),
+    out: Path = typer.Option(..., help="Directory for the tree artifact."),
+) -> None:
+    """Pick (n, d) and the Sequoia tree with the least predicted time per committed token."""
+    from draftwise.optimize.acceptance import AcceptanceProfile
+    from draftwise.optimize.hardware import VerifyCostProfile
+    from draftwise.optimize.select import optimize_tree, save_tree_artifact
+
+    try:
+        accept = AcceptanceProfile.load(acceptance)
+        cost = VerifyCostProfile.load(profile)
+        _check_compatible(dict(accept.provenance), cost)
+        if draft_cost is None:
+            if cost.absolute_s is None or "draft_step_seconds" not in accept.provenance:
+                raise ValueError("no measured draft cost: pass --draft-cost (plain-step units)")
+            draft_cost = float(accept.provenance["draft_step_seconds"]) / cost.absolute_at(1)
+        choice = optimize_tree(accept.matrix, cost.relative_at, draft_cost,
+                               range(cost.rows[0], min(max_nodes, cost.max_rows) + 1), max_depth)
+        manifest = save_tree_artifact(out, choice, read_manifest(acceptance).hash, read_manifest(profile).hash,
+                                      accept.provenance.get("policy", {}))
+    except (ValueError, ArtifactError, OSError) as exc:
+        _fail(str(exc))
+        return
+    table = Table("n", "best d", "G", "t(n)+dc", "predicted speedup")
+    for n in sorted({pt.n for pt in choice.grid}):
+        points = [pt for pt in choice.grid if pt.n == n and pt.speedup is not None]
+        if points:
+            best = max(points, key=lambda pt: pt.speedup)
+            table.add_row(str(n), str(best.d), f"{best.expected_tokens:.3f}", f"{best.time:.3f}", f"{best.speedup:.3f}")
+    Console().print(table)
+    Console().print(f"chosen: n={choice.n} d={choice.d} G={choice.expected_tokens:.4f} "
+                    f"predicted speedup {choice.speedup:.3f} (c={draft_cost:.4f}); paths {list(map(list, choice.paths))}")
+    Console().print(f"saved {out} (manifest {manifest.hash[:12]}…); use it with `draftwise generate --tree {out}`")

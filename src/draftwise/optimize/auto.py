@@ -1,0 +1,121 @@
+"""`--tree auto`: a draft-model tree chosen from measured artifacts, computed on first use.
+
+Three artifacts feed the choice, each cached under a directory keyed by the hash of what it
+depends on, so another model, tokenizer, draft, backend, thread count or sampling policy
+lands in another directory and is never silently reused:
+
+    verify profile   t(n) of the target on this backend and thread count (rows 1..max_nodes)
+    acceptance       positional acceptance of the draft's width-W depth-1 trees under the
+                     policy, measured by real verification on the calibration prompts
+    tree             `optimize_tree` over both, bound to their manifest hashes
+
+A cached artifact is reused only if its manifest verifies (checksums) and its provenance
+names the same configuration; a tampered or foreign one is measured again.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from draftwise.artifacts import ArtifactError, read_manifest, stable_hash
+from draftwise.backends.base import Backend
+from draftwise.backends.profile import write_profile
+from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.optimize.acceptance import AcceptanceProfile
+from draftwise.optimize.calibrate import calibrate, calibration_provenance, profile_from_counts
+from draftwise.optimize.hardware import VerifyCostProfile
+from draftwise.optimize.select import TreeArtifact, load_tree_artifact, optimize_tree, save_tree_artifact
+from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer
+from draftwise.sampling import SamplingPolicy
+from draftwise.contracts import SamplingRelation
+from draftwise.topology.compile import COMPILER_VERSION
+from draftwise.topology.templates import cartesian
+from draftwise.verify.registry import make_verifier
+
+
+@dataclass(frozen=True)
+class AutoTreeConfig:
+    width: int = 4  # slots calibrated under each parent
+    max_nodes: int = 16  # largest tree considered, root included
+    max_depth: int = 8
+    calibration_tokens: int = 32  # new tokens per calibration prompt
+    profile_prefix_len: int = 256
+    profile_repeats: int = 3
+
+
+def relation_for(policy: SamplingPolicy) -> SamplingRelation:
+    """Top-k children are what greedy verification can use; sampling needs without-replacement
+    draws (verified by Sequoia) to stay exact."""
+    return SamplingRelation.BEAM if policy.greedy else SamplingRelation.WITHOUT_REPLACEMENT
+
+
+def configuration_key(target: Backend, draft: Backend, policy: SamplingPolicy, config: AutoTreeConfig) -> dict:
+    return {
+        "target": target.info.checkpoint,
+        "tokenizer_hash": target.info.tokenizer_hash,
+        "draft": draft.info.checkpoint,
+        "backend": target.info.name,
+        "threads": getattr(target, "n_threads", None),
+        "policy": policy.as_dict(),
+        "compiler": COMPILER_VERSION,
+        "config": config.__dict__,
+    }
+
+
+def _valid(directory: Path, kind: str, check: Callable[[dict], bool]) -> bool:
+    try:
+        return check(dict(read_manifest(directory, kind=kind).provenance))
+    except ArtifactError:
+        return False
+
+
+def auto_tree(
+    target: Backend,
+    draft: Backend,
+    policy: SamplingPolicy,
+    calibration_prompts: Sequence[Sequence[int]],
+    cache_root: Path,
+    config: AutoTreeConfig = AutoTreeConfig(),
+    progress: Callable[[str], None] | None = None,
+) -> TreeArtifact:
+    """The tree to decode with, from cached artifacts or measured now."""
+    say = progress or (lambda message: None)
+    key = configuration_key(target, draft, policy, config)
+    root = Path(cache_root) / stable_hash(key)[:20]
+    profile_dir, acceptance_dir, tree_dir = root / "profile", root / "acceptance", root / "tree"
+
+    if not _valid(profile_dir, "verify_profile",
+                  lambda p: p.get("model") == target.info.checkpoint and p.get("backend") == target.info.name):
+        say(f"measuring the verify cost of {target.info.checkpoint} (rows 1..{config.max_nodes})")
+        shutil.rmtree(profile_dir, ignore_errors=True)
+        write_profile(target, profile_dir, prefix_len=config.profile_prefix_len,
+                      rows=tuple(range(1, config.max_nodes + 1)), repeats=config.profile_repeats, progress=say)
+    if not _valid(acceptance_dir, "acceptance",
+                  lambda p: p.get("policy") == policy.as_dict() and p.get("target") == target.info.checkpoint):
+        say(f"calibrating {draft.info.checkpoint} on {len(calibration_prompts)} prompts (width {config.width})")
+        shutil.rmtree(acceptance_dir, ignore_errors=True)
+        proposer = DraftModelProposer(draft, target.info.tokenizer_hash, DraftConfig(
+            template=cartesian([config.width]), relation=relation_for(policy), confidence_threshold=0.0))
+        verifier = make_verifier("auto", [proposer.contract], policy)
+        decoder = SpeculativeDecoder(target, [proposer], verifier,
+                                     GenerationConfig(max_new_tokens=config.calibration_tokens, policy=policy))
+        counts = calibrate(decoder, calibration_prompts, config.width, 1)
+        provenance = calibration_provenance(decoder, counts, "auto", calibration_prompts, key["threads"])
+        profile_from_counts(counts, provenance).save(acceptance_dir)
+    acceptance_hash = read_manifest(acceptance_dir).hash
+    profile_hash = read_manifest(profile_dir).hash
+    try:
+        return load_tree_artifact(tree_dir, acceptance_manifest_hash=acceptance_hash, hardware_manifest_hash=profile_hash)
+    except ArtifactError:
+        pass
+    say("optimizing the tree for predicted time per committed token")
+    shutil.rmtree(tree_dir, ignore_errors=True)
+    acceptance = AcceptanceProfile.load(acceptance_dir)
+    cost = VerifyCostProfile.load(profile_dir)
+    c = float(acceptance.provenance["draft_step_seconds"]) / cost.absolute_at(1)
+    choice = optimize_tree(acceptance.matrix, cost.relative_at, c, range(1, cost.max_rows + 1), config.max_depth)
+    save_tree_artifact(tree_dir, choice, acceptance_hash, profile_hash, policy.as_dict())
+    return load_tree_artifact(tree_dir, acceptance_manifest_hash=acceptance_hash, hardware_manifest_hash=profile_hash)

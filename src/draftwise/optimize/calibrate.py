@@ -1,0 +1,120 @@
+"""Acceptance calibration: measure positional acceptance with real verification.
+
+The decoder under calibration proposes width-W trees of depth D (a depth-1 set is the common
+case) and its own verifier selects; every round's `slot_path` says, at each node the
+selection reached, how many children were offered and which slot (if any) was selected.
+Counting those gives, per depth, how many parents were reached and how often each slot was
+the selected child -> `AcceptanceProfile.from_counts` (h, p, Wilson intervals).
+
+A reached parent that offered fewer than W children (a prompt-lookup miss, the last round cut
+by max_new_tokens) still counts as reached: its missing slots were not selected, which is what
+the tree will see at decoding time too.  Depth k > 1 is reached only when the round accepted
+k - 1 rows.
+
+The proposer's cost per depth is measured in the same run: the median propose time per
+round divided by the tree depth, in seconds (the optimizer divides by the profile's t(1)).
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from draftwise.artifacts import stable_hash
+from draftwise.engine import SpeculativeDecoder
+from draftwise.optimize.acceptance import AcceptanceProfile
+from draftwise.stats import RoundRecord
+
+
+@dataclass(frozen=True)
+class CalibrationCounts:
+    width: int
+    depth: int
+    selected: tuple[tuple[int, ...], ...]  # [D][W]: rounds whose depth-(k+1) selection was slot j
+    reached: tuple[int, ...]  # [D]: rounds that reached a depth-(k+1) parent
+    rounds: int
+    new_tokens: int
+    propose_seconds_median: float  # per round
+    verify_seconds_median: float  # per round (1 + nodes rows)
+
+    @property
+    def draft_step_seconds(self) -> float:
+        """Proposal cost per tree depth, the optimizer's c before normalization by t(1)."""
+        return self.propose_seconds_median / self.depth
+
+
+def count_slots(records: Sequence[RoundRecord], width: int, depth: int) -> tuple[list[list[int]], list[int]]:
+    """Selected-slot counts [D][W] and reached-parent counts [D] from the round ledger."""
+    if width < 1 or depth < 1:
+        raise ValueError(f"width and depth must be >= 1, got width={width}, depth={depth}")
+    selected = [[0] * width for _ in range(depth)]
+    reached = [0] * depth
+    for record in records:
+        for k in range(min(depth, record.accepted + 1)):
+            reached[k] += 1
+        for k, (offered, slot) in enumerate(record.slot_path[:depth]):
+            if offered > width:
+                raise ValueError(f"a round offered {offered} children at depth {k + 1}, more than the width {width}")
+            if slot >= 0:
+                selected[k][slot] += 1
+    return selected, reached
+
+
+def calibrate(
+    decoder: SpeculativeDecoder,
+    prompts: Sequence[Sequence[int]],
+    width: int,
+    depth: int,
+    progress: Callable[[int, int], None] | None = None,
+) -> CalibrationCounts:
+    """Run `decoder` on every prompt and count slot selections; `progress(done, total)`."""
+    if not prompts:
+        raise ValueError("calibration needs at least one prompt")
+    records: list[RoundRecord] = []
+    new_tokens = 0
+    for i, prompt in enumerate(prompts):
+        result = decoder.generate(prompt)
+        records.extend(result.records)
+        new_tokens += len(result.tokens)
+        if progress is not None:
+            progress(i + 1, len(prompts))
+    selected, reached = count_slots(records, width, depth)
+    return CalibrationCounts(
+        width=width, depth=depth,
+        selected=tuple(tuple(row) for row in selected), reached=tuple(reached),
+        rounds=len(records), new_tokens=new_tokens,
+        propose_seconds_median=float(np.median([r.seconds.get("propose", 0.0) for r in records])),
+        verify_seconds_median=float(np.median([r.seconds.get("verify", 0.0) for r in records])),
+    )
+
+
+def calibration_provenance(decoder: SpeculativeDecoder, counts: CalibrationCounts, workload: str,
+                           prompts: Sequence[Sequence[int]], threads: int | None) -> dict:
+    """What the profile was measured on: enough to refuse it for another configuration."""
+    manifest = decoder.manifest
+    return {
+        "target": manifest.target_checkpoint,
+        "tokenizer_hash": manifest.tokenizer_hash,
+        "backend": manifest.backend,
+        "threads": threads,
+        "proposers": [dict(p) for p in manifest.proposers],
+        "proposer_hash": stable_hash([dict(p) for p in manifest.proposers]),
+        "verifier": manifest.verifier,
+        "policy": dict(manifest.sampling_policy),
+        "workload": workload,
+        "workload_hash": stable_hash([list(p) for p in prompts]),
+        "width": counts.width,
+        "depth": counts.depth,
+        "rounds": counts.rounds,
+        "new_tokens": counts.new_tokens,
+        "draft_step_seconds": counts.draft_step_seconds,
+        "verify_seconds_median": counts.verify_seconds_median,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def profile_from_counts(counts: CalibrationCounts, provenance: dict) -> AcceptanceProfile:
+    return AcceptanceProfile.from_counts([list(row) for row in counts.selected], list(counts.reached), provenance)

@@ -1,0 +1,159 @@
+"""Calibration counting (slot paths from the round ledger), `draftwise tree optimize` on
+artifacts (the design's toy oracle through the CLI, stale inputs refused) and tree artifacts
+as `--tree` (refused under another sampling policy)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from draftwise.artifacts import read_manifest
+from draftwise.build import DecoderSpec, draft_template, planned_contracts
+from draftwise.cli import app
+from draftwise.contracts import TopologyKind
+from draftwise.engine import GenerationConfig, slot_path
+from draftwise.optimize.acceptance import AcceptanceProfile
+from draftwise.optimize.calibrate import count_slots
+from draftwise.optimize.hardware import VerifyCostProfile
+from draftwise.optimize.select import load_tree_artifact
+from draftwise.sampling import SamplingPolicy
+from draftwise.stats import RoundRecord
+from draftwise.topology.compile import TreeLimits, compile_round
+from tests.helpers import result_from_paths
+
+TOY_H = [0.82, 0.48, 0.24]
+TOY_T = [1.00, 1.00, 1.03, 1.08, 1.16, 1.28, 1.43, 1.62]  # n = 1..8 (t(1) = t(2) = 1)
+GREEDY = SamplingPolicy().as_dict()
+
+
+def compiled(paths):
+    return compile_round(10, [result_from_paths(paths)], TreeLimits(max_nodes=64, max_depth=8))
+
+
+def record(accepted: int, path) -> RoundRecord:
+    return RoundRecord(nodes=4, proposal_depth=2, accepted=accepted, emitted=accepted + 1, fallback=False,
+                       temp_kv_bytes=0, slot_path=tuple(path))
+
+
+# ------------------------------------------------------------------ slot paths and counting
+
+
+def test_slot_path_reports_offered_and_selected_slot_per_reached_node():
+    round_ = compiled([[5, 7], [6], [8, 9], [8, 3]])  # frontier children 5, 6, 8 in proposal order
+    rows = {tuple(round_.path_tokens(r)): r for r in range(round_.n)}
+    assert slot_path(round_, []) == ((3, -1),)
+    assert slot_path(round_, [rows[(6,)]]) == ((3, 1),)  # 6 has no children: the path stops
+    assert slot_path(round_, [rows[(8,)]]) == ((3, 2), (2, -1))
+    assert slot_path(round_, [rows[(8,)], rows[(8, 3)]]) == ((3, 2), (2, 1))
+    assert slot_path(compiled([]), []) == ()
+
+
+def test_count_slots_by_depth():
+    records = [
+        record(0, [(3, -1)]),  # nothing selected at depth 1
+        record(1, [(3, 0), (2, -1)]),  # slot 0, then nothing at depth 2
+        record(2, [(3, 2), (2, 1)]),
+        record(0, []),  # a fallback round: the frontier was reached, nothing offered
+    ]
+    selected, reached = count_slots(records, width=3, depth=2)
+    assert reached == [4, 2]
+    assert selected == [[1, 0, 1], [0, 1, 0]]
+    profile = AcceptanceProfile.from_counts(selected, reached)
+    assert profile.p[0] == pytest.approx((0.25, 0.0, 0.25))
+    assert sum(profile.p[0]) < 1  # "none selected" stays in the remainder
+
+
+def test_count_slots_refuses_a_round_wider_than_the_width():
+    with pytest.raises(ValueError, match="more than the width"):
+        count_slots([record(1, [(4, 3)])], width=3, depth=1)
+
+
+# ------------------------------------------------------------------ tree optimize (CLI)
+
+
+def write_inputs(tmp_path, backend="llamacpp", threads=2):
+    acceptance = tmp_path / "acceptance"
+    AcceptanceProfile.from_conditional(TOY_H, provenance={
+        "target": "toy-model", "backend": "llamacpp", "threads": 2, "policy": GREEDY, "draft_step_seconds": 0.009,
+    }).save(acceptance)
+    profile = tmp_path / "profile"
+    VerifyCostProfile.from_absolute(list(range(1, 9)), [0.1 * t for t in TOY_T], model="toy-model", backend=backend,
+                                    threads=threads, machine="test").save(profile)
+    return acceptance, profile
+
+
+def test_tree_optimize_cli_reproduces_the_toy_oracle(tmp_path):
+    acceptance, profile = write_inputs(tmp_path)
+    out = tmp_path / "tree"
+    # measured c: 0.009 s per depth over t(1) = 0.1 s -> 0.09 plain steps, the toy's c
+    result = CliRunner().invoke(app, ["tree", "optimize", "--acceptance", str(acceptance), "--profile", str(profile),
+                                      "--max-nodes", "8", "--max-depth", "4", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    artifact = load_tree_artifact(out, acceptance_manifest_hash=read_manifest(acceptance).hash,
+                                  hardware_manifest_hash=read_manifest(profile).hash)
+    choice = artifact.choice
+    assert (choice.n, choice.d) == (5, 4)
+    assert choice.paths == ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))
+    assert choice.expected_tokens == pytest.approx(3.49588976, abs=1e-12)
+    assert choice.draft_cost == pytest.approx(0.09)
+    assert dict(artifact.policy) == GREEDY
+    assert "n=5 d=4" in result.output
+
+
+@pytest.mark.parametrize("backend, threads, message", [("transformers", 2, "backend"), ("llamacpp", 8, "threads")])
+def test_tree_optimize_refuses_artifacts_of_another_configuration(tmp_path, backend, threads, message):
+    acceptance, profile = write_inputs(tmp_path, backend=backend, threads=threads)
+    result = CliRunner().invoke(app, ["tree", "optimize", "--acceptance", str(acceptance), "--profile", str(profile),
+                                      "--out", str(tmp_path / "tree")])
+    assert result.exit_code == 2
+    assert message in result.output
+    assert not (tmp_path / "tree").exists()
+
+
+# ------------------------------------------------------------------ tree artifacts as --tree
+
+
+def test_tree_artifact_is_a_draft_template_under_its_own_policy_only(tmp_path):
+    acceptance, profile = write_inputs(tmp_path)
+    out = tmp_path / "tree"
+    result = CliRunner().invoke(app, ["tree", "optimize", "--acceptance", str(acceptance), "--profile", str(profile),
+                                      "--max-nodes", "8", "--max-depth", "4", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    spec = DecoderSpec(proposer="draft-model", tree=str(out), relation="beam")
+    assert draft_template(spec) == ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))
+    assert planned_contracts(spec)[0].topology is TopologyKind.TREE
+    sampled = DecoderSpec(proposer="draft-model", tree=str(out), relation="without_replacement",
+                          generation=GenerationConfig(policy=SamplingPolicy(temperature=1.0)))
+    with pytest.raises(ValueError, match="optimized under sampling policy"):
+        draft_template(sampled)
+
+
+def test_tampered_tree_artifact_is_refused(tmp_path):
+    acceptance, profile = write_inputs(tmp_path)
+    out = tmp_path / "tree"
+    CliRunner().invoke(app, ["tree", "optimize", "--acceptance", str(acceptance), "--profile", str(profile),
+                             "--max-nodes", "8", "--max-depth", "4", "--out", str(out)])
+    data = out / "tree.json"
+    data.write_text(data.read_text().replace('"n": 5', '"n": 6'))
+    with pytest.raises(Exception, match="checksum|sha256|tamper|changed"):
+        draft_template(DecoderSpec(proposer="draft-model", tree=str(out), relation="beam"))
+
+
+# ------------------------------------------------------------------ limits fitted to the proposer
+
+
+def test_limits_grow_to_the_configured_draft_so_no_drafted_token_goes_unverified():
+    from dataclasses import replace as _replace
+
+    from draftwise.build import fitted_generation
+    from draftwise.proposers.draft_model import DraftConfig
+    from draftwise.proposers.prompt_lookup import PromptLookupConfig
+
+    default = GenerationConfig()
+    chain = DecoderSpec(proposer="draft-model", draft_config=_replace(DraftConfig(), k=20))
+    assert fitted_generation(chain).limits.max_depth == 20 > default.limits.max_depth
+    lookup = DecoderSpec(proposer="prompt-lookup", prompt_lookup=PromptLookupConfig(num_tokens=24, max_candidates=4))
+    assert (fitted_generation(lookup).limits.max_nodes, fitted_generation(lookup).limits.max_depth) == (96, 24)
+    small = DecoderSpec(proposer="draft-model", tree="cartesian:2,2")
+    assert fitted_generation(small) == small.generation  # within the defaults: unchanged
+    assert fitted_generation(DecoderSpec(proposer="none")) == default
