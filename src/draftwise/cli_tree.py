@@ -9,6 +9,7 @@ tree optimize  combine it with a verify-cost profile (`draftwise profile`) and w
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
@@ -19,7 +20,9 @@ from rich.table import Table
 
 from draftwise.artifacts import ArtifactError, read_manifest
 from draftwise.build import DecoderSpec, build_decoder, load_backend, preflight, tree_leaves_needed
+from draftwise.contracts import SamplingRelation
 from draftwise.engine import GenerationConfig
+from draftwise.optimize.calibrate import calibration_template
 from draftwise.proposers.prompt_lookup import PromptLookupConfig
 from draftwise.sampling import PolicyError, SamplingPolicy
 
@@ -48,8 +51,9 @@ def calibration_spec(target: str, backend: str, threads: Optional[int], proposer
                        generation=generation)
     if proposer == "prompt-lookup":
         return replace(spec, prompt_lookup=PromptLookupConfig(num_tokens=depth, max_candidates=width))
-    chosen = relation or ("beam" if policy.greedy else "without_replacement")
-    return replace(spec, tree="cartesian:" + ",".join([str(width)] * depth), relation=chosen)
+    chosen = SamplingRelation(relation or ("beam" if policy.greedy else "without_replacement"))
+    template = calibration_template(width, depth, chosen)
+    return replace(spec, tree=json.dumps([list(path) for path in template]), relation=chosen.value)
 
 
 def calibrate(

@@ -7,10 +7,9 @@ import pytest
 
 from draftwise.contracts import SamplingRelation
 from draftwise.engine import GenerationConfig, SpeculativeDecoder
-from draftwise.optimize.calibrate import calibrate, profile_from_counts
+from draftwise.optimize.calibrate import calibrate, calibration_template, profile_from_counts
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer
 from draftwise.sampling import SamplingPolicy
-from draftwise.topology.templates import cartesian
 from draftwise.verify.greedy import GreedyVerifier
 from draftwise.verify.sequoia import SequoiaVerifier
 from tests.integration.tiny_models import tiny_backend
@@ -20,7 +19,7 @@ WIDTH = 3
 
 
 def decoder(draft_seed: int, policy: SamplingPolicy, relation: SamplingRelation, verifier) -> SpeculativeDecoder:
-    config = DraftConfig(template=cartesian([WIDTH]), relation=relation, confidence_threshold=0.0)
+    config = DraftConfig(template=calibration_template(WIDTH, 1, relation), relation=relation, confidence_threshold=0.0)
     proposer = DraftModelProposer(tiny_backend(draft_seed), "tiny", config)
     return SpeculativeDecoder(tiny_backend(0), [proposer], verifier, GenerationConfig(max_new_tokens=24, policy=policy))
 

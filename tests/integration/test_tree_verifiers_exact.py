@@ -16,9 +16,9 @@ from draftwise.verify.specinfer import NodeDecision, SpecInferVerifier, draw_row
 from draftwise.verify.spectr import SpecTrVerifier
 from tests.integration.tiny_models import chi_square_p, exact_joint, first_two_counts, tiny_backend
 
-SAMPLES = 2000
+SAMPLES = 1000
 POLICY = SamplingPolicy(temperature=1.0)
-TREE = cartesian([2, 2])  # 2 drafts under the frontier, 2 under each: 6 nodes, depth 2
+TREE = cartesian([3, 2])  # 3 drafts under the frontier, 2 under each: 9 nodes, depth 2
 SET = cartesian([3])  # 3 drafts at one position
 
 
@@ -58,7 +58,10 @@ class SiblingOrderIgnored(SequoiaVerifier):
 
 @pytest.fixture(scope="module")
 def models():
-    target, draft = tiny_backend(0), tiny_backend(1)
+    # Seeds picked by exact enumeration of the first position (not by these tests' outcomes):
+    # with target 3 / draft 4 and three siblings, the two Sequoia bugs move the first token's
+    # law by 0.16 and 0.56 in total variation, where target 0 / draft 1 hid them (< 0.03).
+    target, draft = tiny_backend(3), tiny_backend(4)
     return target, draft, exact_joint(target, POLICY)
 
 

@@ -51,7 +51,7 @@ def test_dw_errors():
     with pytest.raises(MethodError, match="unknown key"):
         parse_method("x=dw:proposr=none", DEFAULTS)
     with pytest.raises(MethodError, match="not an integer"):
-        parse_method("x=dw:k=many", DEFAULTS)
+        parse_method("x=dw:proposer=draft-model,k=many", DEFAULTS)
     with pytest.raises(MethodError, match="unknown proposer"):
         parse_method("x=dw:proposer=magic", DEFAULTS)
     with pytest.raises(MethodError, match="needs draft"):
@@ -106,3 +106,10 @@ def test_names_must_be_unique_and_file_safe():
         check_names([parse_method("hf-plain", DEFAULTS), parse_method("hf-plain", DEFAULTS)])
     with pytest.raises(MethodError, match="names a file"):
         check_names([parse_method("dw:proposer=none", DEFAULTS)])
+
+
+def test_a_key_of_another_proposer_is_refused_not_ignored():
+    from draftwise.bench.methods import MethodError, parse_method
+
+    with pytest.raises(MethodError, match="k configure proposer=draft-model, not prompt-lookup"):
+        parse_method("pl=dw:proposer=prompt-lookup,k=3", DEFAULTS)

@@ -41,6 +41,10 @@ _PEER_KEYS = {"hf-plain": {"target"}, "hf-assisted": {"target", "draft"}, "hf-pr
               "llamacpp-plain": {"target"}, "llamacpp-prompt-lookup": {"target", "tokens"}}
 
 
+_PROPOSER_KEYS = {"draft-model": {"k", "confidence", "tree", "relation"}, "prompt-lookup": {"lookup", "ngram", "candidates"},
+                  "rest": {"index"}}
+
+
 class MethodError(ValueError):
     """A --method that cannot be parsed or does not fit together."""
 
@@ -182,6 +186,11 @@ def _bool(values: dict[str, str], key: str, default: bool) -> bool:
 
 def _dw_method(name: str, values: dict[str, str], defaults: MethodDefaults) -> MethodSpec:
     _check_keys("dw", values, _DW_KEYS)
+    proposer = values.get("proposer", DecoderSpec().proposer)
+    for owner, keys in _PROPOSER_KEYS.items():
+        misplaced = sorted(keys & set(values)) if owner != proposer else []
+        if misplaced:  # silently ignoring it would benchmark a configuration nobody asked for
+            raise MethodError(f"method {name!r}: {', '.join(misplaced)} configure proposer={owner}, not {proposer}")
     base = DecoderSpec()
     target = values.get("target", defaults.target)
     draft = values.get("draft", defaults.draft)

@@ -25,14 +25,13 @@ from draftwise.backends.base import Backend
 from draftwise.backends.profile import write_profile
 from draftwise.engine import GenerationConfig, SpeculativeDecoder
 from draftwise.optimize.acceptance import AcceptanceProfile
-from draftwise.optimize.calibrate import calibrate, calibration_provenance, profile_from_counts
+from draftwise.optimize.calibrate import calibrate, calibration_provenance, calibration_template, profile_from_counts
 from draftwise.optimize.hardware import VerifyCostProfile
 from draftwise.optimize.select import TreeArtifact, load_tree_artifact, optimize_tree, save_tree_artifact
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer
 from draftwise.sampling import SamplingPolicy
 from draftwise.contracts import SamplingRelation
 from draftwise.topology.compile import COMPILER_VERSION
-from draftwise.topology.templates import cartesian
 from draftwise.verify.registry import make_verifier
 
 
@@ -97,8 +96,9 @@ def auto_tree(
                   lambda p: p.get("policy") == policy.as_dict() and p.get("target") == target.info.checkpoint):
         say(f"calibrating {draft.info.checkpoint} on {len(calibration_prompts)} prompts (width {config.width})")
         shutil.rmtree(acceptance_dir, ignore_errors=True)
+        relation = relation_for(policy)
         proposer = DraftModelProposer(draft, target.info.tokenizer_hash, DraftConfig(
-            template=cartesian([config.width]), relation=relation_for(policy), confidence_threshold=0.0))
+            template=calibration_template(config.width, 1, relation), relation=relation, confidence_threshold=0.0))
         verifier = make_verifier("auto", [proposer.contract], policy)
         decoder = SpeculativeDecoder(target, [proposer], verifier,
                                      GenerationConfig(max_new_tokens=config.calibration_tokens, policy=policy))

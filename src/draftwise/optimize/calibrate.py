@@ -24,9 +24,21 @@ from typing import Callable, Sequence
 import numpy as np
 
 from draftwise.artifacts import stable_hash
+from draftwise.contracts import SamplingRelation
 from draftwise.engine import SpeculativeDecoder
 from draftwise.optimize.acceptance import AcceptanceProfile
 from draftwise.stats import RoundRecord
+from draftwise.topology.templates import Template, cartesian
+
+
+def calibration_template(width: int, depth: int, relation: SamplingRelation) -> Template:
+    """Width-W trees of depth D for a draft model.  A depth-1 template is a one-position set,
+    and Sequoia's contract is a tree (DESIGN's table), so without-replacement calibration at
+    depth 1 grows one child under each slot and counts depth 1 only."""
+    widths = [width] * depth
+    if depth == 1 and relation is SamplingRelation.WITHOUT_REPLACEMENT:
+        widths.append(1)
+    return cartesian(widths)
 
 
 @dataclass(frozen=True)
