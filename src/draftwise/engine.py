@@ -158,18 +158,19 @@ class SpeculativeDecoder:
 
     def _round(self, context: list[int], emitter: _Emitter, rng: np.random.Generator) -> tuple[RoundRecord, list[int]]:
         seconds: dict[str, float] = {}
-        clock = time.perf_counter()
-        results = [p.propose(context, self.manifest.hash) for p in self.proposers]
-        for result in results:
-            self.manifest.check(result)
-        seconds["propose"], clock = _lap(clock)
-
         remaining = emitter.limit - len(emitter.tokens)
         room = self.target.info.context_length - len(context) - 1
         limits = TreeLimits(
             max_nodes=max(0, min(self.config.limits.max_nodes, room)),
             max_depth=max(0, min(self.config.limits.max_depth, remaining - 1, room)),  # deeper can never publish
         )
+        clock = time.perf_counter()
+        results = [p.propose(context, self.manifest.hash, max_depth=limits.max_depth)
+                   for p in self.proposers] if limits.max_depth else []
+        for result in results:
+            self.manifest.check(result)
+        seconds["propose"], clock = _lap(clock)
+
         round_ = compile_round(len(context), results, limits)
         proposed = any(r.nodes for r in results)
         seconds["compile"], clock = _lap(clock)
@@ -194,7 +195,7 @@ class SpeculativeDecoder:
             proposal_depth=int(round_.depth.max()) if round_.n else 0,
             accepted=len(selection.accepted_rows),
             emitted=emitted_count,
-            fallback=bool(self.proposers) and not proposed,
+            fallback=bool(self.proposers) and limits.max_depth > 0 and not proposed,
             temp_kv_bytes=temp_kv,
             seconds=seconds,
             slot_path=slot_path(round_, selection.accepted_rows),

@@ -36,7 +36,7 @@ class ScriptedProposer:
     def observe(self, accepted):
         pass
 
-    def propose(self, context, manifest_hash):
+    def propose(self, context, manifest_hash, max_depth=None):
         done = len(context) - self.prompt_len
         chunk = self.script[done: done + 6]
         result = result_from_paths([chunk] if chunk else [], source=self.name,
@@ -76,7 +76,38 @@ def test_empty_proposals_fall_back_to_one_target_step(smol_target, prompt):
     plain = decode(smol_target, [], prompt, max_new_tokens=6)
     result = decode(smol_target, [ScriptedProposer(len(prompt), [])], prompt, max_new_tokens=6)
     assert result.tokens == plain.tokens
-    assert result.stats.fallbacks == result.stats.rounds == 6
+    assert result.stats.rounds == 6
+    # the last round has room for its own target token only: the proposer is not asked then
+    assert result.stats.fallbacks == 5
+
+
+class CountingBackend:
+    """Delegates to a backend and counts `extend` calls (one draft forward each)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.extends = 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def extend(self, tokens):
+        self.extends += 1
+        return self.inner.extend(tokens)
+
+
+def test_draft_stops_at_what_the_round_can_verify(smol_target, smol_draft, prompt):
+    from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer
+
+    counting = CountingBackend(smol_draft)
+    proposer = DraftModelProposer(counting, smol_target.info.tokenizer_hash, DraftConfig(k=8, confidence_threshold=0.0))
+    result = decode(smol_target, [proposer], prompt, max_new_tokens=3)
+    plain = decode(smol_target, [], prompt, max_new_tokens=3)
+    assert result.tokens == plain.tokens
+    # draft == target: round 1 may verify 2 drafts (+ its own token = 3 = max_new_tokens), so
+    # the draft runs twice (prompt + first draft, second draft), not k = 8 times
+    assert result.stats.rounds == 1 and result.records[0].accepted == 2
+    assert counting.extends == 2
 
 
 def test_stop_string(smol_target, prompt):

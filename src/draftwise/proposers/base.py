@@ -25,8 +25,10 @@ class Proposer(Protocol):
     def begin(self, policy: SamplingPolicy, rng: np.random.Generator) -> None:
         """Start a new generation (drop any state from an earlier one)."""
 
-    def propose(self, context: Sequence[int], manifest_hash: str) -> ProposalResult:
-        """Candidates continuing `context` (committed tokens; its last token is the pending one)."""
+    def propose(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None) -> ProposalResult:
+        """Candidates continuing `context` (committed tokens; its last token is the pending one).
+        `max_depth`: the deepest candidate this round can still verify (the compiler cuts the
+        rest); a proposer that pays per depth, such as a draft model, stops there."""
 
     def observe(self, accepted: int) -> None:
         """Feedback: how many of the last proposal's tokens the verifier accepted."""

@@ -33,7 +33,7 @@ from draftwise.contracts import (
 )
 from draftwise.sampling import SamplingPolicy, sample
 from draftwise.topology.compile import compile_round
-from draftwise.topology.templates import Template, max_depth, slots_by_parent
+from draftwise.topology.templates import Template, max_depth, max_depth as max_depth_of, num_children, slots_by_parent
 from draftwise.verify.sequoia import without_replacement_q
 
 RAW = SamplingPolicy(temperature=1.0)  # the draft's own softmax, for its confidence
@@ -102,11 +102,16 @@ class DraftModelProposer:
     def observe(self, accepted: int) -> None:
         pass
 
-    def propose(self, context: Sequence[int], manifest_hash: str) -> ProposalResult:
+    def propose(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None) -> ProposalResult:
+        # drafting costs a forward per depth: never draft what the round cannot verify (the
+        # last round of a generation, a context about to overflow)
         if self.config.template is None:
-            nodes, dists = self._chain(context)
+            nodes, dists = self._chain(context, self.config.k if max_depth is None else min(self.config.k, max_depth))
         else:
-            nodes, dists = self._tree(context, self.config.template)
+            template = self.config.template
+            if max_depth is not None and max_depth < max_depth_of(template):
+                template = tuple(path for path in template if len(path) <= max_depth)
+            nodes, dists = self._tree(context, template) if template else ([], {})
         return ProposalResult(
             nodes=tuple(nodes), contract=self.contract, source=self.name, manifest_hash=manifest_hash, distributions=dists
         )
@@ -124,12 +129,12 @@ class DraftModelProposer:
         del self._cached[shared:]
         return shared
 
-    def _chain(self, context: Sequence[int]) -> tuple[list[ProposalNode], dict[int, np.ndarray]]:
+    def _chain(self, context: Sequence[int], k: int) -> tuple[list[ProposalNode], dict[int, np.ndarray]]:
         shared = self._sync(context, keep_last=True)
         feed = list(context[shared:])  # >= 1 token: the pending one at least
         nodes: list[ProposalNode] = []
         dists: dict[int, np.ndarray] = {}
-        for depth in range(1, self.config.k + 1):
+        for depth in range(1, k + 1):
             logits = self.draft.extend(feed)
             self._cached.extend(feed)
             q = logits.probs(0, self._policy)  # [V]
@@ -150,10 +155,11 @@ class DraftModelProposer:
             self.draft.extend(list(context[shared:-1]))
             self._cached.extend(context[shared:-1])
         slots = slots_by_parent(template)  # template node i: (parent template node, child slot)
+        widths = num_children(template)  # template node (-1 = frontier) -> children to draw
         node_of_template: dict[int, int] = {}
         nodes: list[ProposalNode] = []
         dists: dict[int, np.ndarray] = {}  # node index (-1 = frontier) -> q [V] its children were drawn from
-        ranking: dict[int, np.ndarray] = {}  # node index -> raw draft softmax [V], for top-k children
+        ranking: dict[int, np.ndarray] = {}  # node index -> its draft's top-k token ids [k], best first
         drawn: dict[int, list[int]] = {}
         for level in range(1, max_depth(template) + 1):
             level_nodes = [i for i, s in enumerate(slots) if _depth(slots, i) == level]
@@ -172,7 +178,7 @@ class DraftModelProposer:
                 row = 0 if parent_node == -1 else round_.origin[0][parent_node] + 1
                 dists[parent_node] = logits.probs(row, self._policy)
                 if self.config.relation is SamplingRelation.BEAM:
-                    ranking[parent_node] = logits.probs(row, RAW)
+                    ranking[parent_node] = top_k_order(logits.probs(row, RAW), widths[parent])
             for i in level_nodes:
                 parent_node = -1 if slots[i].parent == -1 else node_of_template[slots[i].parent]
                 token = self._draw(dists[parent_node], ranking.get(parent_node), drawn.setdefault(parent_node, []),
@@ -185,13 +191,23 @@ class DraftModelProposer:
     def _draw(self, q: np.ndarray, ranking: np.ndarray | None, already: list[int], slot: int) -> int:
         relation = self.config.relation
         if relation is SamplingRelation.BEAM:
-            token = int(np.argsort(-ranking, kind="stable")[slot])  # deterministic top-k of the draft's softmax
+            token = int(ranking[slot])  # deterministic top-k of the draft's softmax
         elif relation is SamplingRelation.WITHOUT_REPLACEMENT:
             token = sample(without_replacement_q(q, already), self._rng)
         else:
             token = sample(q, self._rng)
         already.append(token)
         return token
+
+
+def top_k_order(probs: np.ndarray, k: int) -> np.ndarray:
+    """The k most probable token ids [k], best first, ties to the lower id (a full sort of a
+    150k vocabulary per child cost more than the draft's forward pass on llama.cpp)."""
+    k = min(k, probs.shape[0])
+    kth = np.partition(probs, probs.shape[0] - k)[probs.shape[0] - k]  # the k-th largest value
+    above = np.flatnonzero(probs > kth)
+    top = np.concatenate([above, np.flatnonzero(probs == kth)[: k - above.size]])  # [k], ties to lower ids
+    return top[np.lexsort((top, -probs[top]))]
 
 
 def _depth(slots, i: int) -> int:

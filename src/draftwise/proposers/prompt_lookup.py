@@ -53,7 +53,7 @@ class PromptLookupProposer:
     def observe(self, accepted: int) -> None:
         pass
 
-    def propose(self, context: Sequence[int], manifest_hash: str) -> ProposalResult:
+    def propose(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None) -> ProposalResult:
         continuations = find_continuations(np.asarray(context, dtype=np.int64), self.config)
         nodes: list[ProposalNode] = []
         trie: dict[tuple[int, int], int] = {}

@@ -94,7 +94,7 @@ class RestProposer:
     def observe(self, accepted: int) -> None:
         pass  # the trie's shape does not adapt to acceptance
 
-    def propose(self, context: Sequence[int], manifest_hash: str) -> ProposalResult:
+    def propose(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None) -> ProposalResult:
         """Tree of retrieved continuations of `context` (committed tokens; the last one is pending)."""
         started = time.perf_counter()
         trie, kept, match_length = self.draft_trie(context)
