@@ -82,12 +82,18 @@ def write_inputs(tmp_path, backend="llamacpp", threads=2):
     return acceptance, profile
 
 
-def test_tree_optimize_cli_reproduces_the_toy_oracle(tmp_path):
+def optimize_toy(tmp_path):
+    """`draftwise tree optimize` over the toy inputs, n <= 8 and depth <= 4 as in the design."""
     acceptance, profile = write_inputs(tmp_path)
     out = tmp_path / "tree"
-    # measured c: 0.009 s per depth over t(1) = 0.1 s -> 0.09 plain steps, the toy's c
     result = CliRunner().invoke(app, ["tree", "optimize", "--acceptance", str(acceptance), "--profile", str(profile),
                                       "--max-nodes", "8", "--max-depth", "4", "--out", str(out)])
+    return acceptance, profile, out, result
+
+
+def test_tree_optimize_cli_reproduces_the_toy_oracle(tmp_path):
+    # measured c: 0.009 s per depth over t(1) = 0.1 s -> 0.09 plain steps, the toy's c
+    acceptance, profile, out, result = optimize_toy(tmp_path)
     assert result.exit_code == 0, result.output
     artifact = load_tree_artifact(out, acceptance_manifest_hash=read_manifest(acceptance).hash,
                                   hardware_manifest_hash=read_manifest(profile).hash)
@@ -114,10 +120,7 @@ def test_tree_optimize_refuses_artifacts_of_another_configuration(tmp_path, back
 
 
 def test_tree_artifact_is_a_draft_template_under_its_own_policy_only(tmp_path):
-    acceptance, profile = write_inputs(tmp_path)
-    out = tmp_path / "tree"
-    result = CliRunner().invoke(app, ["tree", "optimize", "--acceptance", str(acceptance), "--profile", str(profile),
-                                      "--max-nodes", "8", "--max-depth", "4", "--out", str(out)])
+    _, _, out, result = optimize_toy(tmp_path)
     assert result.exit_code == 0, result.output
     spec = DecoderSpec(proposer="draft-model", tree=str(out), relation="beam")
     assert draft_template(spec) == ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))
@@ -129,10 +132,7 @@ def test_tree_artifact_is_a_draft_template_under_its_own_policy_only(tmp_path):
 
 
 def test_tampered_tree_artifact_is_refused(tmp_path):
-    acceptance, profile = write_inputs(tmp_path)
-    out = tmp_path / "tree"
-    CliRunner().invoke(app, ["tree", "optimize", "--acceptance", str(acceptance), "--profile", str(profile),
-                             "--max-nodes", "8", "--max-depth", "4", "--out", str(out)])
+    _, _, out, _ = optimize_toy(tmp_path)
     data = out / "tree.json"
     data.write_text(data.read_text().replace('"n": 5', '"n": 6'))
     with pytest.raises(Exception, match="checksum|sha256|tamper|changed"):
