@@ -2,8 +2,6 @@
 trees, real verification; the artifact's counts reproduce its p and its provenance names
 the configuration; then `tree optimize` against a profile of another backend is refused."""
 
-import json
-
 from typer.testing import CliRunner
 
 from draftwise.cli import app

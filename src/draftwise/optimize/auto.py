@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 from draftwise.artifacts import ArtifactError, read_manifest, stable_hash
 from draftwise.backends.base import Backend
 from draftwise.backends.profile import write_profile
+from draftwise.contracts import SamplingRelation
 from draftwise.engine import GenerationConfig, SpeculativeDecoder
 from draftwise.optimize.acceptance import AcceptanceProfile
 from draftwise.optimize.calibrate import calibrate, calibration_provenance, calibration_template, profile_from_counts
@@ -30,7 +31,6 @@ from draftwise.optimize.hardware import VerifyCostProfile
 from draftwise.optimize.select import TreeArtifact, load_tree_artifact, optimize_tree, save_tree_artifact
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer
 from draftwise.sampling import SamplingPolicy
-from draftwise.contracts import SamplingRelation
 from draftwise.topology.compile import COMPILER_VERSION
 from draftwise.verify.registry import make_verifier
 
