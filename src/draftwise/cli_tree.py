@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from draftwise.artifacts import ArtifactError, read_manifest
+from draftwise.artifacts import ArtifactError
 from draftwise.build import DecoderSpec, build_decoder, load_backend, preflight, tree_leaves_needed
 from draftwise.contracts import SamplingRelation
 from draftwise.engine import GenerationConfig
@@ -107,17 +107,6 @@ def calibrate(
                     f"saved {out} (manifest {manifest.hash[:12]}…)")
 
 
-def _check_compatible(acceptance: dict, profile) -> None:
-    """A tree optimized from artifacts of different configurations predicts nothing."""
-    if acceptance.get("target") != profile.model:
-        raise ValueError(f"acceptance was measured on {acceptance.get('target')}, the profile on {profile.model}")
-    if acceptance.get("backend") != profile.backend:
-        raise ValueError(f"acceptance was measured on backend {acceptance.get('backend')}, the profile on {profile.backend}")
-    threads = acceptance.get("threads")
-    if threads and profile.threads and int(threads) != int(profile.threads):
-        raise ValueError(f"acceptance was measured with {threads} threads, the profile with {profile.threads}")
-
-
 @tree_app.command("optimize")
 def optimize(
     acceptance: Path = typer.Option(..., help="Acceptance artifact from `draftwise calibrate`."),
@@ -128,22 +117,11 @@ def optimize(
     out: Path = typer.Option(..., help="Directory for the tree artifact."),
 ) -> None:
     """Pick (n, d) and the Sequoia tree with the least predicted time per committed token."""
-    from draftwise.optimize.acceptance import AcceptanceProfile
-    from draftwise.optimize.hardware import VerifyCostProfile
-    from draftwise.optimize.select import optimize_tree, save_tree_artifact
+    from draftwise.optimize.select import optimize_from_artifacts
 
     try:
-        accept = AcceptanceProfile.load(acceptance)
-        cost = VerifyCostProfile.load(profile)
-        _check_compatible(dict(accept.provenance), cost)
-        if draft_cost is None:
-            if cost.absolute_s is None or "draft_step_seconds" not in accept.provenance:
-                raise ValueError("no measured draft cost: pass --draft-cost (plain-step units)")
-            draft_cost = float(accept.provenance["draft_step_seconds"]) / cost.absolute_at(1)
-        choice = optimize_tree(accept.matrix, cost.relative_at, draft_cost,
-                               range(cost.rows[0], min(max_nodes, cost.max_rows) + 1), max_depth)
-        manifest = save_tree_artifact(out, choice, read_manifest(acceptance).hash, read_manifest(profile).hash,
-                                      accept.provenance.get("policy", {}))
+        choice, manifest = optimize_from_artifacts(acceptance, profile, out, max_depth=max_depth, max_nodes=max_nodes,
+                                                   draft_cost=draft_cost)
     except (ValueError, ArtifactError, OSError) as exc:
         _fail(str(exc))
         return
@@ -155,5 +133,5 @@ def optimize(
             table.add_row(str(n), str(best.d), f"{best.expected_tokens:.3f}", f"{best.time:.3f}", f"{best.speedup:.3f}")
     Console().print(table)
     Console().print(f"chosen: n={choice.n} d={choice.d} G={choice.expected_tokens:.4f} "
-                    f"predicted speedup {choice.speedup:.3f} (c={draft_cost:.4f}); paths {list(map(list, choice.paths))}")
+                    f"predicted speedup {choice.speedup:.3f} (c={choice.draft_cost:.4f}); paths {list(map(list, choice.paths))}")
     Console().print(f"saved {out} (manifest {manifest.hash[:12]}…); use it with `draftwise generate --tree {out}`")

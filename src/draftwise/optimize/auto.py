@@ -25,10 +25,8 @@ from draftwise.backends.base import Backend
 from draftwise.backends.profile import write_profile
 from draftwise.contracts import SamplingRelation
 from draftwise.engine import GenerationConfig, SpeculativeDecoder
-from draftwise.optimize.acceptance import AcceptanceProfile
 from draftwise.optimize.calibrate import calibrate, calibration_provenance, calibration_template, profile_from_counts
-from draftwise.optimize.hardware import VerifyCostProfile
-from draftwise.optimize.select import TreeArtifact, load_tree_artifact, optimize_tree, save_tree_artifact
+from draftwise.optimize.select import TreeArtifact, load_tree_artifact, optimize_from_artifacts
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer
 from draftwise.sampling import SamplingPolicy
 from draftwise.topology.compile import COMPILER_VERSION
@@ -113,9 +111,5 @@ def auto_tree(
         pass
     say("optimizing the tree for predicted time per committed token")
     shutil.rmtree(tree_dir, ignore_errors=True)
-    acceptance = AcceptanceProfile.load(acceptance_dir)
-    cost = VerifyCostProfile.load(profile_dir)
-    c = float(acceptance.provenance["draft_step_seconds"]) / cost.absolute_at(1)
-    choice = optimize_tree(acceptance.matrix, cost.relative_at, c, range(1, cost.max_rows + 1), config.max_depth)
-    save_tree_artifact(tree_dir, choice, acceptance_hash, profile_hash, policy.as_dict())
+    optimize_from_artifacts(acceptance_dir, profile_dir, tree_dir, max_depth=config.max_depth, max_nodes=config.max_nodes)
     return load_tree_artifact(tree_dir, acceptance_manifest_hash=acceptance_hash, hardware_manifest_hash=profile_hash)

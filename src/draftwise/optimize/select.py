@@ -22,6 +22,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from draftwise.artifacts import ArtifactError, Manifest, read_manifest, stable_hash, write_manifest
+from draftwise.optimize.acceptance import AcceptanceProfile
+from draftwise.optimize.hardware import VerifyCostProfile
 from draftwise.optimize.sequoia_dp import Paths, solve, validate_paths
 
 ARTIFACT_KIND = "tree"
@@ -152,3 +154,36 @@ def load_tree_artifact(
     return TreeArtifact(choice=choice, acceptance_manifest_hash=prov["acceptance_manifest"],
                         hardware_manifest_hash=prov["hardware_manifest"], policy=dict(prov["policy"]),
                         manifest_hash=manifest.hash, directory=Path(directory))
+
+
+def check_compatible(acceptance: Mapping[str, Any], profile: VerifyCostProfile) -> None:
+    """A tree optimized from artifacts of different configurations predicts nothing."""
+    if acceptance.get("target") != profile.model:
+        raise ValueError(f"acceptance was measured on {acceptance.get('target')}, the profile on {profile.model}")
+    if acceptance.get("backend") != profile.backend:
+        raise ValueError(f"acceptance was measured on backend {acceptance.get('backend')}, the profile on {profile.backend}")
+    threads = acceptance.get("threads")
+    if threads and profile.threads and int(threads) != int(profile.threads):
+        raise ValueError(f"acceptance was measured with {threads} threads, the profile with {profile.threads}")
+
+
+def optimize_from_artifacts(
+    acceptance_dir: Path, profile_dir: Path, out: Path, *, max_depth: int,
+    max_nodes: int | None = None, draft_cost: float | None = None,
+) -> tuple[TreeChoice, Manifest]:
+    """Load an acceptance and a verify-profile artifact, check they describe one configuration,
+    optimize over n = the profile's first row .. min(max_nodes, its last row), and save the tree
+    artifact in `out`.  c defaults to the calibration's measured proposer cost per depth over
+    the profile's t(1) (both in seconds), i.e. plain-decoding steps."""
+    acceptance = AcceptanceProfile.load(acceptance_dir)
+    cost = VerifyCostProfile.load(profile_dir)
+    check_compatible(acceptance.provenance, cost)
+    if draft_cost is None:
+        if cost.absolute_s is None or "draft_step_seconds" not in acceptance.provenance:
+            raise ValueError("no measured draft cost: pass --draft-cost (plain-step units)")
+        draft_cost = float(acceptance.provenance["draft_step_seconds"]) / cost.absolute_at(1)
+    last = cost.max_rows if max_nodes is None else min(max_nodes, cost.max_rows)
+    choice = optimize_tree(acceptance.matrix, cost.relative_at, draft_cost, range(cost.rows[0], last + 1), max_depth)
+    manifest = save_tree_artifact(out, choice, read_manifest(acceptance_dir).hash, read_manifest(profile_dir).hash,
+                                  acceptance.provenance.get("policy", {}))
+    return choice, manifest
