@@ -88,8 +88,10 @@ def generate(
             spec = _auto_tree_spec(spec, target_backend, draft_backend, calibration_workload, say)
         decoder = build_decoder(spec, target_backend, draft_backend)
         prompt_ids = target_backend.chat_prompt([{"role": "user", "content": prompt}]) if chat else target_backend.tokenize(prompt)
-        stream = None if as_json else _streamer(target_backend)
-        result = decoder.generate(prompt_ids, on_tokens=stream)
+        stream = None if as_json else TextStream(target_backend.detokenize, target_backend.info.eos_token_ids, sys.stdout)
+        result = decoder.generate(prompt_ids, on_tokens=None if stream is None else stream.on_tokens)
+        if stream is not None:
+            stream.finish()
         plain = None
         if compare_ar:
             plain_spec = replace(spec, proposer="none", verifier="auto")
@@ -126,18 +128,32 @@ def _auto_tree_spec(spec: DecoderSpec, target_backend, draft_backend, workload: 
     return replace(spec, tree=str(artifact.directory))
 
 
-def _streamer(backend):
-    printed: list[int] = []
-    shown = [""]
+class TextStream:
+    """Prints generated text as rounds commit it, decoding only since the last finished line
+    (re-decoding the whole output each round is quadratic in its length); text that ends in an
+    incomplete multi-byte character waits for the next round, as transformers' TextStreamer does."""
 
-    def on_tokens(tokens: list[int]) -> None:
-        printed.extend(t for t in tokens if t not in backend.info.eos_token_ids)
-        text = backend.detokenize(printed)
-        sys.stdout.write(text[len(shown[0]):])
-        sys.stdout.flush()
-        shown[0] = text
+    def __init__(self, detokenize, eos_token_ids, out) -> None:
+        self._detokenize, self._eos, self._out = detokenize, eos_token_ids, out
+        self._tokens: list[int] = []  # since the last finished line
+        self._shown = 0  # characters of decode(self._tokens) already written
 
-    return on_tokens
+    def on_tokens(self, tokens: list[int]) -> None:
+        self._tokens.extend(t for t in tokens if t not in self._eos)
+        text = self._detokenize(self._tokens)
+        if text.endswith("\ufffd"):
+            return
+        self._out.write(text[self._shown:])
+        self._out.flush()
+        if text.endswith("\n"):
+            self._tokens, self._shown = [], 0
+        else:
+            self._shown = len(text)
+
+    def finish(self) -> None:
+        """Writes what an incomplete character held back at the end of the generation."""
+        self._out.write(self._detokenize(self._tokens)[self._shown:])
+        self._out.flush()
 
 
 def _report(result: GenerationResult, plain: GenerationResult | None, policy: SamplingPolicy, verifier: str) -> dict:

@@ -9,6 +9,7 @@ cache next to the pending row and crops the rest.
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ class TransformersBackend:
         self._cache = None
         self._committed = 0  # KV rows that are authoritative
         self._pending_rows = 0  # provisional rows appended by the last verify (pending included)
+        self._cache_kwarg = _cache_kwarg(model)
 
     # ---- loading -------------------------------------------------------------------------
     @classmethod
@@ -98,8 +100,8 @@ class TransformersBackend:
                 input_ids=input_ids,
                 position_ids=positions,
                 attention_mask=mask,
-                past_key_values=self._cache,
                 use_cache=True,
+                **{self._cache_kwarg: self._cache},
                 **kwargs,
             )
         return out.logits[0]  # [R or 1, V]
@@ -186,6 +188,12 @@ class TransformersBackend:
     def chat_prompt(self, messages: Sequence[dict]) -> list[int]:
         ids = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+def _cache_kwarg(model) -> str:
+    """The forward argument that takes the KV cache: transformers renamed `past_key_values` to
+    `cache` (the old name warns, and goes in 5.40); older 5.x releases know only the old one."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _is_chain(round_: CompiledRound) -> bool:
