@@ -15,7 +15,7 @@ from rich.table import Table
 from draftwise import models
 from draftwise.build import DecoderSpec, build_decoder, load_backend, preflight, tree_leaves_needed
 from draftwise.engine import GenerationConfig, GenerationResult
-from draftwise.optimize.auto import relation_for
+from draftwise.optimize.calibrate import relation_for
 from draftwise.proposers.draft_model import DraftConfig
 from draftwise.proposers.prompt_lookup import PromptLookupConfig
 from draftwise.sampling import PolicyError, SamplingPolicy

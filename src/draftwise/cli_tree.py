@@ -20,40 +20,16 @@ from rich.table import Table
 
 from draftwise.artifacts import ArtifactError
 from draftwise.build import DecoderSpec, build_decoder, load_backend, preflight, tree_leaves_needed
-from draftwise.contracts import SamplingRelation
-from draftwise.engine import GenerationConfig
-from draftwise.optimize.calibrate import calibration_template
-from draftwise.proposers.prompt_lookup import PromptLookupConfig
+from draftwise.optimize.calibrate import calibration_spec
 from draftwise.sampling import PolicyError, SamplingPolicy
 
 tree_app = typer.Typer(help="Hardware-aware trees: optimize a draft tree from measured artifacts.", no_args_is_help=True)
 err = Console(stderr=True)
-CALIBRATED_PROPOSERS = ("draft-model", "prompt-lookup")
 
 
 def _fail(message: str) -> None:
     err.print(f"[bold red]error:[/] {message}")
     raise typer.Exit(2)
-
-
-def calibration_spec(target: str, backend: str, threads: Optional[int], proposer: str, draft: Optional[str],
-                     width: int, depth: int, relation: Optional[str], policy: SamplingPolicy,
-                     max_new_tokens: int, seed: int) -> DecoderSpec:
-    """The decoder whose rounds are counted: width-W trees of depth D from the proposer.
-    Draft-model children are top-k under greedy decoding (verified greedily) and drawn without
-    replacement when sampling (verified by Sequoia) unless `relation` says otherwise."""
-    if proposer not in CALIBRATED_PROPOSERS:
-        raise ValueError(f"calibration measures {', '.join(CALIBRATED_PROPOSERS)}, not {proposer!r}")
-    if width < 1 or depth < 1:
-        raise ValueError(f"--width and --depth must be >= 1, got {width} and {depth}")
-    generation = GenerationConfig(max_new_tokens=max_new_tokens, policy=policy, seed=seed)
-    spec = DecoderSpec(target=target, backend=backend, proposer=proposer, draft=draft, threads=threads,
-                       generation=generation)
-    if proposer == "prompt-lookup":
-        return replace(spec, prompt_lookup=PromptLookupConfig(num_tokens=depth, max_candidates=width))
-    chosen = SamplingRelation(relation or ("beam" if policy.greedy else "without_replacement"))
-    template = calibration_template(width, depth, chosen)
-    return replace(spec, tree=json.dumps([list(path) for path in template]), relation=chosen.value)
 
 
 def calibrate(

@@ -23,14 +23,12 @@ from typing import Callable, Sequence
 from draftwise.artifacts import ArtifactError, read_manifest, stable_hash
 from draftwise.backends.base import Backend
 from draftwise.backends.profile import write_profile
-from draftwise.contracts import SamplingRelation
-from draftwise.engine import GenerationConfig, SpeculativeDecoder
-from draftwise.optimize.calibrate import calibrate, calibration_provenance, calibration_template, profile_from_counts
+from draftwise.build import build_decoder
+from draftwise.engine import GenerationConfig
+from draftwise.optimize.calibrate import calibrate, calibration_provenance, calibration_spec, profile_from_counts
 from draftwise.optimize.select import TreeArtifact, load_tree_artifact, optimize_from_artifacts
-from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer
 from draftwise.sampling import SamplingPolicy
 from draftwise.topology.compile import COMPILER_VERSION
-from draftwise.verify.registry import make_verifier
 
 
 @dataclass(frozen=True)
@@ -41,12 +39,6 @@ class AutoTreeConfig:
     calibration_tokens: int = 32  # new tokens per calibration prompt
     profile_prefix_len: int = 256
     profile_repeats: int = 3
-
-
-def relation_for(policy: SamplingPolicy) -> SamplingRelation:
-    """Top-k children are what greedy verification can use; sampling needs without-replacement
-    draws (verified by Sequoia) to stay exact."""
-    return SamplingRelation.BEAM if policy.greedy else SamplingRelation.WITHOUT_REPLACEMENT
 
 
 def configuration_key(target: Backend, draft: Backend, policy: SamplingPolicy, config: AutoTreeConfig) -> dict:
@@ -94,12 +86,9 @@ def auto_tree(
                   lambda p: p.get("policy") == policy.as_dict() and p.get("target") == target.info.checkpoint):
         say(f"calibrating {draft.info.checkpoint} on {len(calibration_prompts)} prompts (width {config.width})")
         shutil.rmtree(acceptance_dir, ignore_errors=True)
-        relation = relation_for(policy)
-        proposer = DraftModelProposer(draft, target.info.tokenizer_hash, DraftConfig(
-            template=calibration_template(config.width, 1, relation), relation=relation, confidence_threshold=0.0))
-        verifier = make_verifier("auto", [proposer.contract], policy)
-        decoder = SpeculativeDecoder(target, [proposer], verifier,
-                                     GenerationConfig(max_new_tokens=config.calibration_tokens, policy=policy))
+        spec = calibration_spec(target.info.checkpoint, target.info.name, None, "draft-model", draft.info.checkpoint,
+                                config.width, 1, None, policy, config.calibration_tokens, GenerationConfig().seed)
+        decoder = build_decoder(spec, target, draft)
         counts = calibrate(decoder, calibration_prompts, config.width, 1)
         provenance = calibration_provenance(decoder, counts, "auto", calibration_prompts, key["threads"])
         profile_from_counts(counts, provenance).save(acceptance_dir)

@@ -18,15 +18,19 @@ round divided by the tree depth, in seconds (the optimizer divides by the profil
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass
-from typing import Callable, Sequence
+import json
+from dataclasses import dataclass, replace
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from draftwise.artifacts import stable_hash
+from draftwise.build import DecoderSpec
 from draftwise.contracts import SamplingRelation
-from draftwise.engine import SpeculativeDecoder
+from draftwise.engine import GenerationConfig, SpeculativeDecoder
 from draftwise.optimize.acceptance import AcceptanceProfile
+from draftwise.proposers.prompt_lookup import PromptLookupConfig
+from draftwise.sampling import SamplingPolicy
 from draftwise.stats import RoundRecord
 from draftwise.topology.templates import Template, cartesian
 
@@ -39,6 +43,35 @@ def calibration_template(width: int, depth: int, relation: SamplingRelation) -> 
     if depth == 1 and relation is SamplingRelation.WITHOUT_REPLACEMENT:
         widths.append(1)
     return cartesian(widths)
+
+
+CALIBRATED_PROPOSERS = ("draft-model", "prompt-lookup")
+
+
+def relation_for(policy: SamplingPolicy) -> SamplingRelation:
+    """Top-k children are what greedy verification can use; sampling needs without-replacement
+    draws (verified by Sequoia) to stay exact."""
+    return SamplingRelation.BEAM if policy.greedy else SamplingRelation.WITHOUT_REPLACEMENT
+
+
+def calibration_spec(target: str, backend: str, threads: Optional[int], proposer: str, draft: Optional[str],
+                     width: int, depth: int, relation: Optional[str], policy: SamplingPolicy,
+                     max_new_tokens: int, seed: int) -> DecoderSpec:
+    """The decoder whose rounds are counted: width-W trees of depth D from the proposer.
+    Draft-model children are top-k under greedy decoding (verified greedily) and drawn without
+    replacement when sampling (verified by Sequoia) unless `relation` says otherwise."""
+    if proposer not in CALIBRATED_PROPOSERS:
+        raise ValueError(f"calibration measures {', '.join(CALIBRATED_PROPOSERS)}, not {proposer!r}")
+    if width < 1 or depth < 1:
+        raise ValueError(f"--width and --depth must be >= 1, got {width} and {depth}")
+    generation = GenerationConfig(max_new_tokens=max_new_tokens, policy=policy, seed=seed)
+    spec = DecoderSpec(target=target, backend=backend, proposer=proposer, draft=draft, threads=threads,
+                       generation=generation)
+    if proposer == "prompt-lookup":
+        return replace(spec, prompt_lookup=PromptLookupConfig(num_tokens=depth, max_candidates=width))
+    chosen = SamplingRelation(relation) if relation else relation_for(policy)
+    template = calibration_template(width, depth, chosen)
+    return replace(spec, tree=json.dumps([list(path) for path in template]), relation=chosen.value)
 
 
 @dataclass(frozen=True)
