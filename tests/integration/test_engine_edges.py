@@ -82,11 +82,12 @@ def test_empty_proposals_fall_back_to_one_target_step(smol_target, prompt):
 
 
 class CountingBackend:
-    """Delegates to a backend and counts `extend` calls (one draft forward each)."""
+    """Delegates to a backend and counts `extend` and `verify` calls (one draft forward each)."""
 
     def __init__(self, inner):
         self.inner = inner
         self.extends = 0
+        self.verifies = 0
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -94,6 +95,25 @@ class CountingBackend:
     def extend(self, tokens):
         self.extends += 1
         return self.inner.extend(tokens)
+
+    def verify(self, pending, round_):
+        self.verifies += 1
+        return self.inner.verify(pending, round_)
+
+
+class DepthRecordingProposer:
+    """Delegates to a proposer and records the depth each round allowed it."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.depths = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def propose(self, context, manifest_hash, max_depth=None):
+        self.depths.append(max_depth)
+        return self.inner.propose(context, manifest_hash, max_depth)
 
 
 def test_draft_stops_at_what_the_round_can_verify(smol_target, smol_draft, prompt):
@@ -150,3 +170,19 @@ def test_incompatible_verifier_refused_before_target_work(smol_target, prompt):
     assert smol_target.cached_len == before
     assert SpeculativeDecoder(smol_target, [PromptLookupProposer()], MembershipVerifier(),
                               GenerationConfig(policy=SamplingPolicy(temperature=1.0)))
+
+
+def test_a_draft_tree_costs_one_draft_pass_per_level(smol_target, smol_draft, prompt):
+    from draftwise.contracts import SamplingRelation
+    from draftwise.topology.templates import cartesian
+
+    counting = CountingBackend(smol_draft)
+    config = DraftConfig(template=cartesian([2, 2]), relation=SamplingRelation.BEAM)
+    proposer = DepthRecordingProposer(DraftModelProposer(counting, smol_target.info.tokenizer_hash, config))
+    result = decode(smol_target, [proposer], prompt, max_new_tokens=16)
+    assert result.tokens == decode(smol_target, [], prompt, max_new_tokens=16).tokens
+    levels = [min(2, d) for d in proposer.depths]  # the last rounds may cut the template short
+    assert len(levels) >= 3 and sum(levels) > len(levels)
+    # level 1 comes from the extend that feeds the unseen tokens: no separate pass for it
+    assert counting.extends == len(levels)
+    assert counting.verifies == sum(level - 1 for level in levels)

@@ -7,7 +7,8 @@ rejected drafts are rolled back) and extends with what it has not seen.
 Chain mode draws k tokens one incremental step at a time and may stop early when the draft's
 own confidence drops below a threshold (transformers' `assistant_confidence_threshold`); the
 stop depends on draft quantities only, so exactness is untouched.  Tree mode expands a
-template level by level (one draft pass per level over the tree so far) with children drawn
+template level by level, one draft pass per level (level 1 comes from the same extend that
+feeds the unseen tokens; each deeper level re-reads the tree so far), with children drawn
 i.i.d., without replacement, or as deterministic top-k; the declared sampling relation is
 the one really used.  Every expanded parent records the whole distribution its children were
 drawn from, so residual verifiers get vectors, not scalars.
@@ -150,10 +151,11 @@ class DraftModelProposer:
 
     # ---- tree: one draft pass per level -------------------------------------------------------
     def _tree(self, context: Sequence[int], template: Template) -> tuple[list[ProposalNode], dict[int, np.ndarray]]:
-        shared = self._sync(context, keep_last=False)
-        if len(context) - 1 > shared:
-            self.draft.extend(list(context[shared:-1]))
-            self._cached.extend(context[shared:-1])
+        # level 1 needs only the pending token's logits: one extend of every unseen token (the
+        # pending one included) gives them, instead of an extend plus a separate pass for it
+        shared = self._sync(context, keep_last=True)
+        level_one = self.draft.extend(list(context[shared:]))
+        self._cached.extend(context[shared:])
         slots = slots_by_parent(template)  # template node i: (parent template node, child slot)
         widths = num_children(template)  # template node (-1 = frontier) -> children to draw
         node_of_template: dict[int, int] = {}
@@ -164,15 +166,21 @@ class DraftModelProposer:
         for level in range(1, max_depth(template) + 1):
             level_nodes = [i for i, s in enumerate(slots) if _depth(slots, i) == level]
             parents = sorted({slots[i].parent for i in level_nodes})
-            # the tree so far, as a plain token tree: the draft only needs its rows' logits
-            partial = ProposalResult(
-                nodes=tuple(dataclasses.replace(n, q=None) for n in nodes),
-                contract=ProposerContract(ProbabilitySemantics.ABSENT, SamplingRelation.IID, TopologyKind.TREE),
-                source=self.name, manifest_hash="",
-            )
-            round_ = compile_round(len(context), [partial]) if nodes else None
-            logits = self.draft.verify(int(context[-1]), round_)
-            self.draft.rollback()
+            if level == 1:
+                round_, logits = None, level_one
+            else:
+                if len(self._cached) == len(context):  # deeper levels feed the pending token as a verify row
+                    self.draft.truncate(len(context) - 1)
+                    del self._cached[len(context) - 1:]
+                # the tree so far, as a plain token tree: the draft only needs its rows' logits
+                partial = ProposalResult(
+                    nodes=tuple(dataclasses.replace(n, q=None) for n in nodes),
+                    contract=ProposerContract(ProbabilitySemantics.ABSENT, SamplingRelation.IID, TopologyKind.TREE),
+                    source=self.name, manifest_hash="",
+                )
+                round_ = compile_round(len(context), [partial])
+                logits = self.draft.verify(int(context[-1]), round_)
+                self.draft.rollback()
             for parent in parents:
                 parent_node = -1 if parent == -1 else node_of_template[parent]
                 row = 0 if parent_node == -1 else round_.origin[0][parent_node] + 1
