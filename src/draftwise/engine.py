@@ -4,8 +4,10 @@ Pending-token convention (DESIGN.md): the committed tokens are x[0..t]; the targ
 holds rows for x[0..t-1] and x[t] is pending.  A round verifies pending + candidates, the
 verifier selects one root-to-node path plus a bonus token, `commit` makes the pending row and
 the accepted rows authoritative, and the bonus becomes the new pending token (its KV row is
-computed next round, with the real token).  Whatever happens, the target is left consistent:
-an interrupted round is rolled back in `finally`.
+computed next round, with the real token).  The first round is the prompt's prefill: it
+commits every prompt row and selects the first token from the last one, so the convention
+holds from round two on.  Whatever happens, the target is left consistent: an interrupted
+round is rolled back in `finally`.
 """
 
 from __future__ import annotations
@@ -131,11 +133,9 @@ class SpeculativeDecoder:
         context = list(prompt)
         start = time.perf_counter()
         self.target.reset()
-        if len(context) > 1:
-            self.target.extend(context[:-1])
         try:
             while emitter.stop_reason is None:
-                record, emitted = self._round(context, emitter, rng)
+                record, emitted = self._round(context, emitter, rng, prefill=not records)
                 records.append(record)
                 context.extend(emitted)
                 if on_tokens is not None and emitted:
@@ -156,13 +156,18 @@ class SpeculativeDecoder:
             verifier=self.verifier.capabilities.name,
         )
 
-    def _round(self, context: list[int], emitter: _Emitter, rng: np.random.Generator) -> tuple[RoundRecord, list[int]]:
+    def _round(self, context: list[int], emitter: _Emitter, rng: np.random.Generator,
+               prefill: bool = False) -> tuple[RoundRecord, list[int]]:
+        """One round.  The first (`prefill`) reads the whole prompt in one forward and selects the
+        first token from its last row, as plain decoding does: drafting before the target has
+        read the prompt would cost a second wide forward for tokens the prefill gives anyway."""
         seconds: dict[str, float] = {}
         remaining = emitter.limit - len(emitter.tokens)
         room = self.target.info.context_length - len(context) - 1
         limits = TreeLimits(
             max_nodes=max(0, min(self.config.limits.max_nodes, room)),
-            max_depth=max(0, min(self.config.limits.max_depth, remaining - 1, room)),  # deeper can never publish
+            # deeper can never publish
+            max_depth=0 if prefill else max(0, min(self.config.limits.max_depth, remaining - 1, room)),
         )
         clock = time.perf_counter()
         results = [p.propose(context, self.manifest.hash, max_depth=limits.max_depth)
@@ -175,14 +180,20 @@ class SpeculativeDecoder:
         proposed = any(r.nodes for r in results)
         seconds["compile"], clock = _lap(clock)
 
-        logits = self.target.verify(context[-1], round_ if round_.n else None)
-        temp_kv = self.target.kv_bytes()
-        seconds["verify"], clock = _lap(clock)
+        if prefill:  # extend commits the prompt's rows; its logits are the last row's [1, V]
+            logits = self.target.extend(context)
+            temp_kv = self.target.kv_bytes()
+            seconds["prefill"], clock = _lap(clock)
+        else:
+            logits = self.target.verify(context[-1], round_ if round_.n else None)
+            temp_kv = self.target.kv_bytes()
+            seconds["verify"], clock = _lap(clock)
 
         selection = self.verifier.select(round_, logits, self.config.policy, rng)
         seconds["select"], clock = _lap(clock)
 
-        self.target.commit(selection.accepted_rows)
+        if not prefill:
+            self.target.commit(selection.accepted_rows)
         seconds["commit"], clock = _lap(clock)
 
         accepted_tokens = [int(round_.token_ids[r]) for r in selection.accepted_rows]
@@ -196,6 +207,7 @@ class SpeculativeDecoder:
             accepted=len(selection.accepted_rows),
             emitted=emitted_count,
             fallback=bool(self.proposers) and limits.max_depth > 0 and not proposed,
+            asked=bool(self.proposers) and limits.max_depth > 0,
             temp_kv_bytes=temp_kv,
             seconds=seconds,
             slot_path=slot_path(round_, selection.accepted_rows),

@@ -33,7 +33,7 @@ def test_identical_draft_selects_slot_zero_every_round():
 
 def test_greedy_slot_counts_match_accepted_rounds():
     dec = decoder(1, SamplingPolicy(), SamplingRelation.BEAM, GreedyVerifier())
-    records = [r for prompt in PROMPTS for r in dec.generate(prompt).records]
+    records = [r for prompt in PROMPTS for r in dec.generate(prompt).records if r.asked]
     counts = calibrate(dec, PROMPTS, WIDTH, 1)
     assert counts.rounds == len(records)
     assert sum(counts.selected[0]) == sum(r.accepted >= 1 for r in records)

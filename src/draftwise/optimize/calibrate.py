@@ -80,7 +80,7 @@ class CalibrationCounts:
     depth: int
     selected: tuple[tuple[int, ...], ...]  # [D][W]: rounds whose depth-(k+1) selection was slot j
     reached: tuple[int, ...]  # [D]: rounds that reached a depth-(k+1) parent
-    rounds: int
+    rounds: int  # rounds that asked the proposer
     new_tokens: int
     propose_seconds_median: float  # per round
     verify_seconds_median: float  # per round (1 + nodes rows)
@@ -98,6 +98,8 @@ def count_slots(records: Sequence[RoundRecord], width: int, depth: int) -> tuple
     selected = [[0] * width for _ in range(depth)]
     reached = [0] * depth
     for record in records:
+        if not record.asked:  # no child could have been offered: not a reached parent
+            continue
         for k in range(min(depth, record.accepted + 1)):
             reached[k] += 1
         for k, (offered, slot) in enumerate(record.slot_path[:depth]):
@@ -127,12 +129,15 @@ def calibrate(
         if progress is not None:
             progress(i + 1, len(prompts))
     selected, reached = count_slots(records, width, depth)
+    asked = [r for r in records if r.asked]
+    if not asked:
+        raise ValueError("no calibration round asked the proposer (max_new_tokens too small?)")
     return CalibrationCounts(
         width=width, depth=depth,
         selected=tuple(tuple(row) for row in selected), reached=tuple(reached),
-        rounds=len(records), new_tokens=new_tokens,
-        propose_seconds_median=float(np.median([r.seconds.get("propose", 0.0) for r in records])),
-        verify_seconds_median=float(np.median([r.seconds.get("verify", 0.0) for r in records])),
+        rounds=len(asked), new_tokens=new_tokens,
+        propose_seconds_median=float(np.median([r.seconds.get("propose", 0.0) for r in asked])),
+        verify_seconds_median=float(np.median([r.seconds.get("verify", 0.0) for r in asked])),
     )
 
 
