@@ -170,8 +170,9 @@ class SpeculativeDecoder:
             max_depth=0 if prefill else max(0, min(self.config.limits.max_depth, remaining - 1, room)),
         )
         clock = time.perf_counter()
+        asked = bool(self.proposers) and limits.max_depth > 0
         results = [p.propose(context, self.manifest.hash, max_depth=limits.max_depth)
-                   for p in self.proposers] if limits.max_depth else []
+                   for p in self.proposers] if asked else []
         for result in results:
             self.manifest.check(result)
         seconds["propose"], clock = _lap(clock)
@@ -206,8 +207,8 @@ class SpeculativeDecoder:
             proposal_depth=int(round_.depth.max()) if round_.n else 0,
             accepted=len(selection.accepted_rows),
             emitted=emitted_count,
-            fallback=bool(self.proposers) and limits.max_depth > 0 and not proposed,
-            asked=bool(self.proposers) and limits.max_depth > 0,
+            fallback=asked and not proposed,
+            asked=asked,
             temp_kv_bytes=temp_kv,
             seconds=seconds,
             slot_path=slot_path(round_, selection.accepted_rows),
