@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Issue 6 decoding benchmark: REST vs plain decoding vs prompt lookup on the Qwen pair, greedy,
+# 128 new tokens, in two runs: HumanEval 0-19 with the code datastore, and the Spec-Bench
+# development split (all categories) with the chat datastore.  BACKEND picks the backend
+# (default llamacpp, the fastest plain decoder on this machine); WORKLOAD_CODE / WORKLOAD_CHAT
+# narrow the workloads (e.g. specbench:PATH:40 for 40 stratified questions); extra flags
+# (e.g. --resume) go to both runs.  Indexes: see benchmarks/index/README.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+backend="${BACKEND:-llamacpp}"
+indexes="${REST_INDEXES:-$HOME/.cache/draftwise/indexes}"
+run() {  # run OUT WORKLOAD INDEX [flags]
+  local out="$1" workload="$2" index="$3"; shift 3
+  .venv/bin/draftwise bench --workload "$workload" \
+    --target qwen2.5-coder-1.5b --max-new-tokens 128 --temperature 0 --seed 0 --repeats 1 --threads 2 \
+    --out "$out" \
+    --method plain=dw:proposer=none,backend=$backend \
+    --method prompt-lookup=dw:proposer=prompt-lookup,backend=$backend \
+    --method rest=dw:proposer=rest,backend=$backend,index=$index "$@"
+}
+run "benchmarks/rest_decoding_code_$backend" "${WORKLOAD_CODE:-humaneval:0-19}" "$indexes/code" "$@"
+run "benchmarks/rest_decoding_chat_$backend" "${WORKLOAD_CHAT:-specbench:../shared/data/spec_bench/question.jsonl}" \
+  "$indexes/chat" "$@"
