@@ -4,10 +4,11 @@ Pending-token convention (DESIGN.md): the committed tokens are x[0..t]; the targ
 holds rows for x[0..t-1] and x[t] is pending.  A round verifies pending + candidates, the
 verifier selects one root-to-node path plus a bonus token, `commit` makes the pending row and
 the accepted rows authoritative, and the bonus becomes the new pending token (its KV row is
-computed next round, with the real token).  The first round is the prompt's prefill: it
-commits every prompt row and selects the first token from the last one, so the convention
-holds from round two on.  Whatever happens, the target is left consistent: an interrupted
-round is rolled back in `finally`.
+computed next round, with the real token).  In the first round the target has read nothing:
+the prompt's other tokens go into the same forward as `unread` rows ahead of the pending one,
+so the prefill and the verification of drafts made from the prompt cost one forward, as in
+transformers' assisted generation.  Whatever happens, the target is left consistent: an
+interrupted round is rolled back in `finally`.
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ class SpeculativeDecoder:
         self.target.reset()
         try:
             while emitter.stop_reason is None:
-                record, emitted = self._round(context, emitter, rng, prefill=not records)
+                record, emitted = self._round(context, emitter, rng)
                 records.append(record)
                 context.extend(emitted)
                 if on_tokens is not None and emitted:
@@ -156,18 +157,15 @@ class SpeculativeDecoder:
             verifier=self.verifier.capabilities.name,
         )
 
-    def _round(self, context: list[int], emitter: _Emitter, rng: np.random.Generator,
-               prefill: bool = False) -> tuple[RoundRecord, list[int]]:
-        """One round.  The first (`prefill`) reads the whole prompt in one forward and selects the
-        first token from its last row, as plain decoding does: drafting before the target has
-        read the prompt would cost a second wide forward for tokens the prefill gives anyway."""
+    def _round(self, context: list[int], emitter: _Emitter, rng: np.random.Generator) -> tuple[RoundRecord, list[int]]:
+        """One round.  The first also reads the prompt (its `unread` rows) in the verify forward."""
         seconds: dict[str, float] = {}
         remaining = emitter.limit - len(emitter.tokens)
         room = self.target.info.context_length - len(context) - 1
         limits = TreeLimits(
             max_nodes=max(0, min(self.config.limits.max_nodes, room)),
             # deeper can never publish
-            max_depth=0 if prefill else max(0, min(self.config.limits.max_depth, remaining - 1, room)),
+            max_depth=max(0, min(self.config.limits.max_depth, remaining - 1, room)),
         )
         clock = time.perf_counter()
         asked = bool(self.proposers) and limits.max_depth > 0
@@ -181,20 +179,15 @@ class SpeculativeDecoder:
         proposed = any(r.nodes for r in results)
         seconds["compile"], clock = _lap(clock)
 
-        if prefill:  # extend commits the prompt's rows; its logits are the last row's [1, V]
-            logits = self.target.extend(context)
-            temp_kv = self.target.kv_bytes()
-            seconds["prefill"], clock = _lap(clock)
-        else:
-            logits = self.target.verify(context[-1], round_ if round_.n else None)
-            temp_kv = self.target.kv_bytes()
-            seconds["verify"], clock = _lap(clock)
+        unread = context[self.target.cached_len : -1]  # the prompt in round 1, then nothing
+        logits = self.target.verify(context[-1], round_ if round_.n else None, unread=unread)
+        temp_kv = self.target.kv_bytes()
+        seconds["prefill" if unread else "verify"], clock = _lap(clock)
 
         selection = self.verifier.select(round_, logits, self.config.policy, rng)
         seconds["select"], clock = _lap(clock)
 
-        if not prefill:
-            self.target.commit(selection.accepted_rows)
+        self.target.commit(selection.accepted_rows)
         seconds["commit"], clock = _lap(clock)
 
         accepted_tokens = [int(round_.token_ids[r]) for r in selection.accepted_rows]

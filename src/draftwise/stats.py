@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-PHASES = ("prefill", "propose", "compile", "verify", "select", "commit")  # prefill: the first round's prompt forward
+PHASES = ("prefill", "propose", "compile", "verify", "select", "commit")  # prefill: round 1's forward, prompt included
 
 
 @dataclass(frozen=True)
@@ -21,8 +21,8 @@ class RoundRecord:
     # (children offered, slot selected or -1) at each node the selection reached that had
     # children: the frontier first, then every accepted row.  What calibration counts.
     slot_path: tuple[tuple[int, int], ...] = ()
-    # the proposers were asked for candidates: not in the prefill round, nor in a round with
-    # room for its own target token only
+    # the proposers were asked for candidates: not in a round with room for its own target
+    # token only
     asked: bool = True
 
     @property

@@ -77,10 +77,11 @@ def test_empty_proposals_fall_back_to_one_target_step(smol_target, prompt):
     result = decode(smol_target, [ScriptedProposer(len(prompt), [])], prompt, max_new_tokens=6)
     assert result.tokens == plain.tokens
     assert result.stats.rounds == 6
-    # the prompt's prefill gives the first token and the last round has room for its own target
-    # token only: the proposer is not asked in either
-    assert result.stats.fallbacks == 4
-    assert result.records[0].seconds.get("prefill", 0) > 0 and result.records[0].nodes == 0
+    # the last round has room for its own target token only: the proposer is not asked then
+    assert result.stats.fallbacks == 5
+    # round 1 reads the prompt in its forward (the ledger's "prefill"), later rounds verify only
+    assert result.records[0].seconds.get("prefill", 0) > 0 and "verify" not in result.records[0].seconds
+    assert all("prefill" not in r.seconds for r in result.records[1:])
 
 
 class CountingBackend:
@@ -98,9 +99,9 @@ class CountingBackend:
         self.extends += 1
         return self.inner.extend(tokens)
 
-    def verify(self, pending, round_):
+    def verify(self, pending, round_, unread=()):
         self.verifies += 1
-        return self.inner.verify(pending, round_)
+        return self.inner.verify(pending, round_, unread)
 
 
 class DepthRecordingProposer:
@@ -123,13 +124,13 @@ def test_draft_stops_at_what_the_round_can_verify(smol_target, smol_draft, promp
 
     counting = CountingBackend(smol_draft)
     proposer = DraftModelProposer(counting, smol_target.info.tokenizer_hash, DraftConfig(k=8, confidence_threshold=0.0))
-    result = decode(smol_target, [proposer], prompt, max_new_tokens=4)
-    plain = decode(smol_target, [], prompt, max_new_tokens=4)
+    result = decode(smol_target, [proposer], prompt, max_new_tokens=3)
+    plain = decode(smol_target, [], prompt, max_new_tokens=3)
     assert result.tokens == plain.tokens
-    # draft == target: the prefill gives token 1; round 2 may verify 2 drafts (+ its own token
-    # = 4 = max_new_tokens), so the draft runs twice (prompt + first draft, second draft), not
-    # k = 8 times
-    assert result.stats.rounds == 2 and result.records[1].accepted == 2
+    # draft == target: round 1 may verify 2 drafts (+ its own token = 3 = max_new_tokens), so
+    # the draft runs twice (prompt + first draft, second draft), not k = 8 times; the target
+    # reads the prompt in the same forward
+    assert result.stats.rounds == 1 and result.records[0].accepted == 2
     assert counting.extends == 2
 
 

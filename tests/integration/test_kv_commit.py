@@ -82,3 +82,38 @@ def test_sibling_row_not_published(smol_target):
     backend.rollback()
     want = fresh_logits(backend, prompt + [300, 9, 11])
     assert torch.allclose(probe, want, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("paths", [None, [[100, 7, 8]], [[100, 7], [300, 9], [300, 4, 5]]], ids=["plain", "chain", "tree"])
+def test_first_round_reads_the_prompt_in_the_verify_forward(smol_target, paths):
+    """Round 1 passes the prompt as `unread` rows: every returned row equals a fresh prefill of
+    its path, the prompt rows are committed whatever the round's outcome, and after a commit
+    of a non-first branch the cache matches a fresh prefill."""
+    backend = smol_target
+    prompt = backend.tokenize("Once upon a time there was")
+    backend.reset()
+    round_ = None if paths is None else compile_round(len(prompt), [result_from_paths(paths)])
+    got = backend.verify(prompt[-1], round_, unread=prompt[:-1]).logits.clone()  # [1+N, V]
+    n = 0 if round_ is None else round_.n
+    assert got.shape[0] == 1 + n and backend.cached_len == len(prompt) - 1
+    backend.rollback()  # the pending row and the candidates go; the prompt rows stay
+    assert backend.cached_len == len(prompt) - 1
+    rows = [()] + [round_.path_tokens(r) for r in range(n)]
+    wants = [fresh_logits(backend, prompt + list(path)) for path in rows]
+    for row, want in enumerate(wants):
+        assert torch.allclose(got[row], want, atol=2e-4, rtol=1e-4), (row, (got[row] - want).abs().max())
+
+    backend.reset()
+    backend.verify(prompt[-1], round_, unread=prompt[:-1])
+    accepted = []  # the path to the last row: in the tree, the last branch, not a prefix of the row order
+    row = n - 1
+    while row != -1:
+        accepted.insert(0, row)
+        row = int(round_.parent[row])
+    backend.commit(accepted)
+    committed = prompt + [int(round_.token_ids[r]) for r in accepted]
+    assert backend.cached_len == len(committed)
+    probe = backend.verify(11, None).logits[0].clone()
+    backend.rollback()
+    want = fresh_logits(backend, committed + [11])
+    assert torch.allclose(probe, want, atol=2e-4, rtol=1e-4), (probe - want).abs().max()

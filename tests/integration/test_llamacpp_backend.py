@@ -220,3 +220,24 @@ def test_text_and_info(backend, prompt):
     text = backend.detokenize(prompt)
     assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
     assert backend.info.eos_token_ids
+
+
+def test_first_round_reads_the_prompt_as_unread_rows(backend, prompt):
+    """Round 1 passes the prompt as `unread`: the rows match a fresh prefill of their paths, the
+    prompt rows are committed at once, and a commit of a non-first branch publishes it alone."""
+    backend.reset()
+    nodes = [(1000, -1), (2000, -1), (3000, 1), (4000, 2)]  # a | b -> c -> d
+    round_ = make_round(len(prompt), nodes)
+    got = backend.verify(prompt[-1], round_, unread=prompt[:-1]).logits.copy()  # [1+N, V]
+    assert got.shape == (1 + round_.n, backend.info.vocab_size)
+    assert backend.cached_len == len(prompt) - 1
+    backend.commit([1, 2])  # b -> c: not a prefix of the row order
+    committed = list(prompt) + [2000, 3000]
+    assert backend.cached_len == len(committed)
+    _assert_only_sequence_zero(backend)
+    probe = backend.verify(777, None).logits[0].copy()
+    backend.rollback()
+    assert_close(probe, fresh_logits(backend, committed + [777]), "probe after the first round")
+    assert_close(got[0], fresh_logits(backend, list(prompt)), "pending row")
+    for r in range(round_.n):
+        assert_close(got[r + 1], fresh_logits(backend, list(prompt) + list(round_.path_tokens(r))), f"row {r}")

@@ -1,7 +1,6 @@
-"""Rejection sampling is exact: on tiny random models the two tokens the first speculative
-round emits (tokens 2 and 3) follow the target's exact joint law (chi-square, fixed seed), and
-a planted bug (sampling q instead of the residual after a rejection) is caught by the same
-test."""
+"""Rejection sampling is exact: on tiny random models the first two emitted tokens follow the
+target's exact joint law (chi-square, fixed seed), and a planted bug (sampling q instead of
+the residual after a rejection) is caught by the same test."""
 
 import pytest
 

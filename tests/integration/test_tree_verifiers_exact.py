@@ -1,8 +1,7 @@
 """Multi-candidate verifiers are exact on real draft-model trees: on tiny random models the
-two tokens the first speculative round emits (tokens 2 and 3) follow the target's exact joint
-law (chi-square, fixed seeds) for SpecInfer over i.i.d. trees, Sequoia over trees drawn
-without replacement and SpecTr over a one-position set; and each planted bug the issue names
-is caught by the same test."""
+first two emitted tokens follow the target's exact joint law (chi-square, fixed seeds) for
+SpecInfer over i.i.d. trees, Sequoia over trees drawn without replacement and SpecTr over a
+one-position set; and each planted bug the issue names is caught by the same test."""
 
 import numpy as np
 import pytest

@@ -1,8 +1,7 @@
 """Tiny randomly initialised Llamas behind the real transformers backend, the exact joint law
-of the two tokens the first speculative round emits, and the chi-square test the distribution
-tests share.  Token 1 comes from the prompt's prefill (no drafts); round 2, with room for two
-tokens, verifies a depth-1 draft and emits tokens 2 and 3: a rejected draft's residual sample
-or an accepted draft and its bonus.
+of their first two emitted tokens, and the chi-square test the distribution tests share.
+Round 1, with room for two tokens, verifies a depth-1 draft (in the forward that reads the
+prompt) and emits both: a rejected draft's residual sample, or an accepted draft and its bonus.
 
 The models are small enough for thousands of seeded generations in seconds, and peaked
 (initializer_range 0.6) so that target and draft disagree often: every residual branch of a
@@ -49,7 +48,7 @@ def tiny_backend(seed: int) -> TransformersBackend:
 
 
 def exact_joint(target: TransformersBackend, policy: SamplingPolicy) -> np.ndarray:
-    """[V, V]: P(token 2 = a, token 3 = b) under the target alone, token 1 summed out."""
+    """[V, V]: P(first emitted token = a, second = b) under the target alone."""
 
     def next_probs(tokens: Sequence[int]) -> np.ndarray:
         target.reset()
@@ -59,22 +58,17 @@ def exact_joint(target: TransformersBackend, policy: SamplingPolicy) -> np.ndarr
         return p
 
     p1 = next_probs(PROMPT)
-    joint = np.zeros((V, V))
-    for x in range(V):
-        p2 = next_probs(PROMPT + [x])
-        joint += p1[x] * np.stack([p2[a] * next_probs(PROMPT + [x, a]) for a in range(V)])
-    return joint
+    return np.stack([p1[x] * next_probs(PROMPT + [x]) for x in range(V)])
 
 
 def first_two_counts(target, proposer, verifier, policy: SamplingPolicy, samples: int) -> np.ndarray:
-    """[V, V] counts of tokens 2 and 3 (the first speculative round's) over `samples` seeded
-    generations."""
+    """[V, V] counts of the first two emitted tokens over `samples` seeded generations."""
     counts = np.zeros((V, V))
     for seed in range(samples):
-        config = GenerationConfig(max_new_tokens=3, policy=policy, seed=seed)
+        config = GenerationConfig(max_new_tokens=2, policy=policy, seed=seed)
         result = SpeculativeDecoder(target, [proposer], verifier, config).generate(PROMPT)
-        assert result.records[1].nodes > 0, "round 2 must verify drafts for the test to mean anything"
-        counts[result.tokens[1], result.tokens[2]] += 1
+        assert result.records[0].nodes > 0, "round 1 must verify drafts for the test to mean anything"
+        counts[result.tokens[0], result.tokens[1]] += 1
     return counts
 
 

@@ -56,7 +56,7 @@ def test_count_slots_by_depth():
         record(1, [(3, 0), (2, -1)]),  # slot 0, then nothing at depth 2
         record(2, [(3, 2), (2, 1)]),
         record(0, []),  # a fallback round: the frontier was reached, nothing offered
-        dataclasses.replace(record(0, []), nodes=0, asked=False),  # the prefill: nothing could be offered
+        dataclasses.replace(record(0, []), nodes=0, asked=False),  # room for one token: nothing could be offered
     ]
     selected, reached = count_slots(records, width=3, depth=2)
     assert reached == [4, 2]

@@ -4,7 +4,9 @@ State model: the backend holds committed KV rows for `cached_len` tokens.  A spe
 round calls `verify(pending, round_)`, which evaluates the pending token (at position
 `cached_len`) plus every candidate row in ONE forward pass and returns their logits; those
 rows are provisional until `commit(accepted_rows)` makes the pending row and the accepted
-path authoritative and drops every other row, or `rollback()` drops them all.
+path authoritative and drops every other row, or `rollback()` drops them all.  The first
+round passes the rest of the prompt as `unread`: those rows come before the pending one, are
+read in the same call and are committed at once (they are context, not candidates).
 """
 
 from __future__ import annotations
@@ -51,8 +53,9 @@ class Backend(Protocol):
     def extend(self, tokens: Sequence[int]) -> TargetLogits:
         """Commit KV rows for `tokens` (appended after cached_len); return logits of the LAST token as row 0."""
 
-    def verify(self, pending: int, round_: CompiledRound | None) -> TargetLogits:
-        """Provisionally evaluate pending + candidate rows; logits row 0 = pending, row r + 1 = candidate r."""
+    def verify(self, pending: int, round_: CompiledRound | None, unread: Sequence[int] = ()) -> TargetLogits:
+        """Provisionally evaluate pending + candidate rows; logits row 0 = pending, row r + 1 = candidate r.
+        `unread` tokens (the prompt, in round 1) are read first and committed: cached_len grows by their count."""
 
     def commit(self, accepted_rows: Sequence[int]) -> None:
         """Keep the pending row and the accepted candidate rows (one root-to-node path); drop the rest."""

@@ -174,9 +174,13 @@ class LlamaCppBackend:
         # a copy: prefill is rare and callers may keep these logits across the next verify
         return NumpyLogits(self._logits_view(1).copy())  # [1, V]
 
-    def verify(self, pending: int, round_: CompiledRound | None) -> NumpyLogits:
+    def verify(self, pending: int, round_: CompiledRound | None, unread: Sequence[int] = ()) -> NumpyLogits:
         if self._pending_rows:
             raise BackendError("verify() while a previous verify is provisional; commit or roll back first")
+        if len(unread):
+            # a decode of their own: a prompt may exceed one batch, and on these CPU kernels a
+            # row costs about the same inside or outside the round's batch
+            self.extend(unread)
         t = self._committed
         if round_ is None:
             self._check_room(1)

@@ -90,11 +90,12 @@ class TransformersBackend:
         self._committed = 0
         self._pending_rows = 0
 
-    def _forward(self, ids: list[int], positions: torch.Tensor | None, mask: torch.Tensor | None, keep_last: bool):
+    def _forward(self, ids: list[int], positions: torch.Tensor | None, mask: torch.Tensor | None, keep: int):
+        """Logits of the last `keep` rows (0 = every row)."""
         if self._cache is None:
             self.reset()
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, R]
-        kwargs = {"logits_to_keep": 1} if keep_last else {}
+        kwargs = {"logits_to_keep": keep} if keep else {}
         with torch.inference_mode():
             out = self.model(
                 input_ids=input_ids,
@@ -113,37 +114,42 @@ class TransformersBackend:
             raise BackendError("extend() needs at least one token")
         start = self._committed
         positions = torch.arange(start, start + len(tokens), device=self.device)[None]  # [1, R]
-        logits = self._forward(list(tokens), positions, None, keep_last=True)
+        logits = self._forward(list(tokens), positions, None, keep=1)
         self._committed += len(tokens)
         return TorchLogits(logits[-1:])
 
-    def verify(self, pending: int, round_: CompiledRound | None) -> TorchLogits:
+    def verify(self, pending: int, round_: CompiledRound | None, unread: Sequence[int] = ()) -> TorchLogits:
         if self._pending_rows:
             raise BackendError("verify() while a previous verify is provisional; commit or roll back first")
         n = 0 if round_ is None else round_.n
         if 1 + n > self.info.max_verify_rows:
             raise BackendError(f"round of {1 + n} rows exceeds this backend's limit of {self.info.max_verify_rows}")
-        t = self._committed
-        ids = [int(pending)] + ([] if round_ is None else round_.token_ids.tolist())
+        u = len(unread)
+        t = self._committed + u  # the pending token's position
+        ids = [int(x) for x in unread] + [int(pending)] + ([] if round_ is None else round_.token_ids.tolist())
         if round_ is None or _is_chain(round_):
-            positions = torch.arange(t, t + 1 + n, device=self.device)[None]  # causal default mask is right
+            positions = torch.arange(t - u, t + 1 + n, device=self.device)[None]  # causal default mask is right
             mask = None
         else:
-            positions = torch.from_numpy(np.concatenate([[t], round_.position_ids])).to(self.device)[None]
-            mask = self._tree_mask(t, round_)
-        logits = self._forward(ids, positions, mask, keep_last=False)
+            positions = torch.from_numpy(np.concatenate([np.arange(t - u, t + 1), round_.position_ids]))
+            positions = positions.to(self.device)[None]  # [1, U+1+N]
+            mask = self._tree_mask(t, u, round_)
+        logits = self._forward(ids, positions, mask, keep=1 + n)  # [1+N, V]: the unread rows' are not needed
+        self._committed = t  # the unread rows are context: committed, whatever the round's outcome
         self._pending_rows = 1 + n
         return TorchLogits(logits)
 
-    def _tree_mask(self, t: int, round_: CompiledRound) -> torch.Tensor:
+    def _tree_mask(self, t: int, u: int, round_: CompiledRound) -> torch.Tensor:
+        """Additive mask [1, 1, U+1+N, T+1+N] for u unread rows, the pending row at position t and N candidates."""
         n = round_.n
         dtype = self.model.dtype
-        visible = torch.zeros((1 + n, t + 1 + n), dtype=torch.bool)  # [1+N, T+1+N]
-        visible[:, : t + 1] = True  # committed prefix and the pending token
-        visible[1:, t + 1 :] = torch.from_numpy(round_.ancestor_mask)
+        visible = torch.zeros((u + 1 + n, t + 1 + n), dtype=torch.bool)  # [U+1+N, T+1+N]
+        visible[: u + 1, : t + 1] = torch.arange(t + 1)[None] <= torch.arange(t - u, t + 1)[:, None]  # causal
+        visible[u + 1 :, : t + 1] = True  # candidates see the committed prefix, the unread rows and the pending token
+        visible[u + 1 :, t + 1 :] = torch.from_numpy(round_.ancestor_mask)
         mask = torch.zeros(visible.shape, dtype=dtype)
         mask.masked_fill_(~visible, torch.finfo(dtype).min)
-        return mask[None, None].to(self.device)  # [1, 1, 1+N, T+1+N]
+        return mask[None, None].to(self.device)
 
     def commit(self, accepted_rows: Sequence[int]) -> None:
         if not self._pending_rows:
