@@ -164,8 +164,7 @@ class SpeculativeDecoder:
         room = self.target.info.context_length - len(context) - 1
         limits = TreeLimits(
             max_nodes=max(0, min(self.config.limits.max_nodes, room)),
-            # deeper can never publish
-            max_depth=max(0, min(self.config.limits.max_depth, remaining - 1, room)),
+            max_depth=max(0, min(self.config.limits.max_depth, remaining - 1, room)),  # deeper can never publish
         )
         clock = time.perf_counter()
         asked = bool(self.proposers) and limits.max_depth > 0

@@ -91,11 +91,10 @@ class TransformersBackend:
         self._pending_rows = 0
 
     def _forward(self, ids: list[int], positions: torch.Tensor | None, mask: torch.Tensor | None, keep: int):
-        """Logits of the last `keep` rows (0 = every row)."""
+        """Logits of the last `keep` rows."""
         if self._cache is None:
             self.reset()
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, R]
-        kwargs = {"logits_to_keep": keep} if keep else {}
         with torch.inference_mode():
             out = self.model(
                 input_ids=input_ids,
@@ -103,9 +102,9 @@ class TransformersBackend:
                 attention_mask=mask,
                 use_cache=True,
                 **{self._cache_kwarg: self._cache},
-                **kwargs,
+                logits_to_keep=keep,
             )
-        return out.logits[0]  # [R or 1, V]
+        return out.logits[0]  # [keep, V]
 
     def extend(self, tokens: Sequence[int]) -> TorchLogits:
         if self._pending_rows:
