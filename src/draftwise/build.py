@@ -15,6 +15,7 @@ from typing import Callable
 from draftwise.backends.base import Backend
 from draftwise.contracts import ProbabilitySemantics, ProposerContract, SamplingRelation, TopologyKind
 from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.gate import CostGateConfig
 from draftwise.models import DEFAULT_MODEL, ResolvedModel, resolve
 from draftwise.proposers.base import Proposer
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer, draft_contract
@@ -42,6 +43,7 @@ class DecoderSpec:
     tree: str | None = None  # draft-model tree: "wbd:2,2,1", "cartesian:3,2,2", JSON paths, or a tree artifact dir
     relation: str = "iid"  # how draft-tree children are drawn: iid, without_replacement, beam (top-k)
     index: str | None = None  # REST datastore directory
+    gate: str | None = None  # cost gate: "auto" (measure t(n) once, cached) or a verify_profile directory
     threads: int | None = None
     device: str = "cpu"
     generation: GenerationConfig = field(default_factory=GenerationConfig)
@@ -145,6 +147,12 @@ def planned_contracts(spec: DecoderSpec) -> list[ProposerContract]:
 
 def preflight(spec: DecoderSpec) -> str:
     """Bind the verifier to the planned contracts before any model is loaded; return its name."""
+    if spec.gate is not None:
+        if spec.proposer == "none":
+            raise ValueError("the cost gate cuts proposals, and proposer none makes none")
+        if spec.gate != "auto" and not Path(spec.gate).is_dir():
+            raise ValueError(f"gate must be auto or a verify_profile directory (draftwise profile --out DIR); "
+                             f"{spec.gate!r} is neither")
     contracts = planned_contracts(spec)
     verifier = make_verifier(spec.verifier, contracts, spec.generation.policy)
     bind(verifier, contracts, spec.generation.policy, exact=spec.generation.exact)
@@ -176,10 +184,36 @@ def fitted_generation(spec: DecoderSpec) -> GenerationConfig:
     return replace(spec.generation, limits=TreeLimits(max(limits.max_nodes, nodes), max(limits.max_depth, depth)))
 
 
-def build_decoder(spec: DecoderSpec, target: Backend, draft: Backend | None = None) -> SpeculativeDecoder:
+def gate_config(spec: DecoderSpec, target: Backend, generation: GenerationConfig,
+                progress: Callable[[str], None] | None = None) -> CostGateConfig | None:
+    """The cost gate's settings: the target's verify profile over every row count a round of
+    this configuration can verify, measured on first use (`auto`) or read from a directory."""
+    if not spec.gate:
+        return None
+    from draftwise.optimize.hardware import VerifyCostProfile
+
+    if spec.gate == "auto":
+        from draftwise.models import cache_dir
+        from draftwise.optimize.auto import auto_gate_profile
+
+        nodes, _ = proposal_shape(spec)  # (0, 0) when unknown in advance: the tree limit bounds it
+        max_rows = 1 + (min(nodes, generation.limits.max_nodes) if nodes else generation.limits.max_nodes)
+        return CostGateConfig(auto_gate_profile(target, max_rows, cache_dir().parent / "auto", progress=progress))
+    profile = VerifyCostProfile.load(Path(spec.gate))
+    if (profile.model, profile.backend) != (target.info.checkpoint, target.info.name):
+        raise ValueError(f"gate profile {spec.gate} measured {profile.model} on {profile.backend}, "
+                         f"not {target.info.checkpoint} on {target.info.name}; measure this target's (--gate auto)")
+    return CostGateConfig(profile)
+
+
+def build_decoder(spec: DecoderSpec, target: Backend, draft: Backend | None = None,
+                  progress: Callable[[str], None] | None = None) -> SpeculativeDecoder:
     proposers = make_proposers(spec, target, draft)
     verifier = make_verifier(spec.verifier, [p.contract for p in proposers], spec.generation.policy)
-    return SpeculativeDecoder(target, proposers, verifier, fitted_generation(spec))
+    generation = fitted_generation(spec)
+    if spec.gate:
+        generation = replace(generation, gate=gate_config(spec, target, generation, progress))
+    return SpeculativeDecoder(target, proposers, verifier, generation)
 
 
 def default_threads() -> int:

@@ -59,6 +59,7 @@ def generate(
     lookup_ngram: int = typer.Option(PromptLookupConfig().max_ngram, help="Prompt lookup max n-gram size."),
     lookup_candidates: int = typer.Option(PromptLookupConfig().max_candidates, help=">1: a tree of that many continuations."),
     index: Optional[str] = typer.Option(None, help="REST datastore for --proposer rest."),
+    gate: Optional[str] = typer.Option(None, help="Cost gate: verify only as deep as the measured t(n) and recent acceptance pay for; auto (measured once, cached) or a verify_profile directory."),
     threads: Optional[int] = typer.Option(None, help="CPU threads (default: all cores)."),
     stop: list[str] = typer.Option([], help="Stop string (repeatable)."),
     calibration_workload: str = typer.Option("humaneval:0-1", help="Prompts that calibrate --tree auto on first use."),
@@ -71,7 +72,8 @@ def generate(
         spec = DecoderSpec(
             target=target, backend=backend, proposer=proposer, draft=draft, verifier=verifier,
             prompt_lookup=PromptLookupConfig(lookup_tokens, lookup_ngram, lookup_candidates),
-            draft_config=replace(DraftConfig(), k=draft_k), tree=tree, relation=relation, index=index, threads=threads,
+            draft_config=replace(DraftConfig(), k=draft_k), tree=tree, relation=relation, index=index, gate=gate,
+            threads=threads,
             generation=GenerationConfig(max_new_tokens=max_new_tokens, policy=policy, seed=seed, stop_strings=tuple(stop),
                                         exact=not allow_heuristic),
         )
@@ -86,7 +88,7 @@ def generate(
                          if proposer == "draft-model" and draft else None)
         if auto:
             spec = _auto_tree_spec(spec, target_backend, draft_backend, calibration_workload, say)
-        decoder = build_decoder(spec, target_backend, draft_backend)
+        decoder = build_decoder(spec, target_backend, draft_backend, progress=say)
         prompt_ids = target_backend.chat_prompt([{"role": "user", "content": prompt}]) if chat else target_backend.tokenize(prompt)
         stream = None if as_json else TextStream(target_backend.detokenize, target_backend.info.eos_token_ids, sys.stdout)
         result = decoder.generate(prompt_ids, on_tokens=None if stream is None else stream.on_tokens)
@@ -94,7 +96,7 @@ def generate(
             stream.finish()
         plain = None
         if compare_ar:
-            plain_spec = replace(spec, proposer="none", verifier="auto")
+            plain_spec = replace(spec, proposer="none", verifier="auto", gate=None)
             plain = build_decoder(plain_spec, target_backend).generate(prompt_ids)
     except (ValueError, RuntimeError, PolicyError) as exc:
         _fail(str(exc))
@@ -166,6 +168,7 @@ def _report(result: GenerationResult, plain: GenerationResult | None, policy: Sa
         "mean_emitted": round(s.mean_emitted, 4),
         "acceptance_by_depth": s.acceptance_by_depth,
         "fallbacks": s.fallbacks,
+        "gated_rounds": s.gated_rounds,
         "tokens_per_s": round(s.tokens_per_s, 3),
         "time_split_ms_per_token": {k: round(v * 1e3, 3) for k, v in s.time_split.items()},
         "stop_reason": result.stop_reason,
@@ -184,8 +187,8 @@ def _report(result: GenerationResult, plain: GenerationResult | None, policy: Sa
 
 def _print_stats(report: dict) -> None:
     table = Table(title="draftwise", show_header=False)
-    for key in ("new_tokens", "rounds", "mean_accepted", "acceptance_by_depth", "fallbacks", "tokens_per_s",
-                "time_split_ms_per_token", "verifier", "stop_reason", "ar_tokens_per_s", "speedup", "identical_to_ar",
+    for key in ("new_tokens", "rounds", "mean_accepted", "acceptance_by_depth", "fallbacks", "gated_rounds",
+                "tokens_per_s", "time_split_ms_per_token", "verifier", "stop_reason", "ar_tokens_per_s", "speedup", "identical_to_ar",
                 "warning"):
         if key in report:
             table.add_row(key, str(report[key]))

@@ -7,8 +7,10 @@ the accepted rows authoritative, and the bonus becomes the new pending token (it
 computed next round, with the real token).  In the first round the target has read nothing:
 the prompt's other tokens go into the same forward as `unread` rows ahead of the pending one,
 so the prefill and the verification of drafts made from the prompt cost one forward, as in
-transformers' assisted generation.  Whatever happens, the target is left consistent: an
-interrupted round is rolled back in `finally`.
+transformers' assisted generation.  With a cost gate (`gate.py`) every later round verifies
+only the depth of the proposal that the measured t(n) and the recent acceptance pay for,
+down to a one-row step.  Whatever happens, the target is left consistent: an interrupted
+round is rolled back in `finally`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 
 from draftwise.backends.base import Backend, check_fits
 from draftwise.contracts import RoundManifest
+from draftwise.gate import CostGate, CostGateConfig, rows_within_depths
 from draftwise.proposers.base import Proposer
 from draftwise.sampling import SamplingPolicy
 from draftwise.stats import GenerationStats, RoundRecord, summarize
@@ -36,6 +39,7 @@ class GenerationConfig:
     stop_strings: tuple[str, ...] = ()
     limits: TreeLimits = TreeLimits()
     exact: bool = True
+    gate: CostGateConfig | None = None  # verify only as deep as pays, by the measured t(n)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -131,12 +135,13 @@ class SpeculativeDecoder:
         emitter = _Emitter(config.max_new_tokens, self.target.info.eos_token_ids, config.stop_strings,
                            self.target.detokenize)
         records: list[RoundRecord] = []
+        gate = CostGate(config.gate) if config.gate is not None else None
         context = list(prompt)
         start = time.perf_counter()
         self.target.reset()
         try:
             while emitter.stop_reason is None:
-                record, emitted = self._round(context, emitter, rng)
+                record, emitted = self._round(context, emitter, rng, gate)
                 records.append(record)
                 context.extend(emitted)
                 if on_tokens is not None and emitted:
@@ -157,7 +162,8 @@ class SpeculativeDecoder:
             verifier=self.verifier.capabilities.name,
         )
 
-    def _round(self, context: list[int], emitter: _Emitter, rng: np.random.Generator) -> tuple[RoundRecord, list[int]]:
+    def _round(self, context: list[int], emitter: _Emitter, rng: np.random.Generator,
+               gate: CostGate | None) -> tuple[RoundRecord, list[int]]:
         """One round.  The first also reads the prompt (its `unread` rows) in the verify forward."""
         seconds: dict[str, float] = {}
         remaining = emitter.limit - len(emitter.tokens)
@@ -166,6 +172,9 @@ class SpeculativeDecoder:
             max_nodes=max(0, min(self.config.limits.max_nodes, room)),
             max_depth=max(0, min(self.config.limits.max_depth, remaining - 1, room)),  # deeper can never publish
         )
+        unread = context[self.target.cached_len : -1]  # the prompt in round 1, then nothing
+        # round 1's forward reads the whole prompt: its candidate rows are nearly free, never gated
+        gating = gate is not None and not unread
         clock = time.perf_counter()
         asked = bool(self.proposers) and limits.max_depth > 0
         results = [p.propose(context, self.manifest.hash, max_depth=limits.max_depth)
@@ -174,11 +183,16 @@ class SpeculativeDecoder:
             self.manifest.check(result)
         seconds["propose"], clock = _lap(clock)
 
-        round_ = compile_round(len(context), results, limits)
+        offered = compile_round(len(context), results, limits)
         proposed = any(r.nodes for r in results)
+        round_, gated_depth = offered, None
+        if gating and offered.n:
+            deepest = int(offered.depth.max())
+            gated_depth = gate.choose(rows_within_depths(offered, deepest))
+            if gated_depth < deepest:
+                round_ = compile_round(len(context), results, TreeLimits(limits.max_nodes, gated_depth))
         seconds["compile"], clock = _lap(clock)
 
-        unread = context[self.target.cached_len : -1]  # the prompt in round 1, then nothing
         logits = self.target.verify(context[-1], round_ if round_.n else None, unread=unread)
         temp_kv = self.target.kv_bytes()
         seconds["prefill" if unread else "verify"], clock = _lap(clock)
@@ -190,10 +204,12 @@ class SpeculativeDecoder:
         seconds["commit"], clock = _lap(clock)
 
         accepted_tokens = [int(round_.token_ids[r]) for r in selection.accepted_rows]
-        emitted_count = emitter.publish(accepted_tokens + [selection.bonus_token],
-                                        [True] * len(accepted_tokens) + [False])
+        decided = accepted_tokens + [selection.bonus_token]
+        emitted_count = emitter.publish(decided, [True] * len(accepted_tokens) + [False])
         for proposer in self.proposers:
             proposer.observe(len(selection.accepted_rows))
+        if gate is not None:
+            gate.observe(offered if asked else None, decided)
         record = RoundRecord(
             nodes=round_.n,
             proposal_depth=int(round_.depth.max()) if round_.n else 0,
@@ -204,9 +220,9 @@ class SpeculativeDecoder:
             temp_kv_bytes=temp_kv,
             seconds=seconds,
             slot_path=slot_path(round_, selection.accepted_rows),
+            gated=gated_depth is not None and gated_depth < int(offered.depth.max()),
         )
         return record, emitter.tokens[-emitted_count:] if emitted_count else []
-
 
 def slot_path(round_: CompiledRound, accepted_rows: Sequence[int]) -> tuple[tuple[int, int], ...]:
     """(children offered, index of the selected child or -1) at the frontier and at every

@@ -24,6 +24,7 @@ class RoundRecord:
     # the proposers were asked for candidates: not in a round with room for its own target
     # token only
     asked: bool = True
+    gated: bool = False  # the cost gate verified less of the proposal than was offered
 
     @property
     def total_seconds(self) -> float:
@@ -39,6 +40,7 @@ class GenerationStats:
     acceptance_by_depth: list[float]  # P(depth d accepted | a depth-d candidate was offered and d - 1 accepted)
     accepted_histogram: list[int]  # rounds by accepted length
     fallbacks: int
+    gated_rounds: int  # rounds the cost gate cut (to a plain step or a shallower tree)
     rows_verified_mean: float
     wall_seconds: float
     tokens_per_s: float
@@ -68,6 +70,7 @@ def summarize(records: list[RoundRecord], new_tokens: int, wall_seconds: float) 
         acceptance_by_depth=[round(x, 4) for x in by_depth],
         accepted_histogram=histogram,
         fallbacks=sum(r.fallback for r in records),
+        gated_rounds=sum(r.gated for r in records),
         rows_verified_mean=float(np.mean([1 + r.nodes for r in records])) if rounds else 0.0,
         wall_seconds=wall_seconds,
         tokens_per_s=new_tokens / wall_seconds if wall_seconds > 0 else 0.0,

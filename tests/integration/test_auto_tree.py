@@ -2,6 +2,8 @@
 optimizes; the second reuses all three; another sampling policy gets its own artifacts; a
 tampered cached artifact is measured again, never reused."""
 
+import pytest
+
 from draftwise.optimize.auto import AutoTreeConfig, auto_tree
 from draftwise.sampling import SamplingPolicy
 from tests.integration.tiny_models import tiny_backend
@@ -37,3 +39,37 @@ def test_auto_tree_measures_once_then_reuses_and_recomputes_stale_artifacts(tmp_
     third, log = run(target, draft, greedy, tmp_path)
     assert "calibrating" in log and "measuring" not in log  # only the tampered artifact is redone
     assert third.acceptance_manifest_hash != "" and third.directory == first.directory
+
+
+def test_auto_gate_profile_measures_every_row_count_once_then_reuses(tmp_path):
+    from draftwise.optimize.auto import auto_gate_profile, gate_rows
+
+    assert gate_rows(11) == tuple(range(1, 12))
+    assert gate_rows(65) == (*range(1, 17), 24, 32, 48, 64, 65)
+    target = tiny_backend(0)
+    messages: list[str] = []
+    profile = auto_gate_profile(target, 11, tmp_path, CONFIG, progress=messages.append)
+    assert profile.rows == tuple(range(1, 12)) and profile.model == target.info.checkpoint
+    assert any("measuring" in m for m in messages)
+    messages.clear()
+    again = auto_gate_profile(target, 11, tmp_path, CONFIG, progress=messages.append)
+    assert messages == [] and again.absolute_s == profile.absolute_s
+    (data,) = tmp_path.glob("gate/*/rows-11/verify_profile.json")
+    data.write_text(data.read_text().replace("[", "[ ", 1))  # tampered: measured again, not trusted
+    auto_gate_profile(target, 11, tmp_path, CONFIG, progress=messages.append)
+    assert any("measuring" in m for m in messages)
+
+
+def test_a_gate_profile_is_used_only_for_the_target_it_measured(tmp_path):
+    from draftwise.build import DecoderSpec, gate_config
+    from draftwise.engine import GenerationConfig
+    from draftwise.optimize.hardware import VerifyCostProfile
+
+    target = tiny_backend(0)
+    for name, model in (("mine", target.info.checkpoint), ("other", "some-other-model")):
+        VerifyCostProfile.from_absolute([1, 2], [0.1, 0.3], model=model, backend="transformers", threads=2,
+                                        machine="test").save(tmp_path / name)
+    config = gate_config(DecoderSpec(gate=str(tmp_path / "mine")), target, GenerationConfig())
+    assert config.profile.relative == pytest.approx((1.0, 3.0))
+    with pytest.raises(ValueError, match="some-other-model"):
+        gate_config(DecoderSpec(gate=str(tmp_path / "other")), target, GenerationConfig())

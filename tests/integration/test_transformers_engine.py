@@ -83,3 +83,49 @@ def test_sampling_with_rejection_runs_and_is_seeded(smol_target, smol_draft, pro
     b = run(smol_target, [proposer], prompts[0], config)
     assert a.verifier == "rejection"
     assert a.tokens == b.tokens and len(a.tokens) == 16
+
+
+def _profile(relative):
+    from draftwise.optimize.hardware import VerifyCostProfile
+
+    return VerifyCostProfile(rows=tuple(range(1, len(relative) + 1)), relative=tuple(relative), absolute_s=None,
+                             model="smollm2-135m", backend="transformers", threads=2, machine="test")
+
+
+@pytest.mark.parametrize("candidates", [1, 4])
+def test_cost_gate_is_token_identical_and_both_gates_and_speculates(smol_target, prompts_and_plain, candidates):
+    from draftwise.gate import CostGateConfig
+
+    # this CPU's transformers shape: one row cheap, every wider round ~3.3 plain steps
+    config = GenerationConfig(max_new_tokens=NEW, gate=CostGateConfig(_profile([1.0] + [3.3] * 64)))
+    proposer = PromptLookupProposer(PromptLookupConfig(max_candidates=candidates))
+    prompts, plain = prompts_and_plain
+    gated = speculated = 0
+    for prompt, reference in zip(prompts, plain):
+        result = run(smol_target, [proposer], prompt, config)
+        assert result.tokens == reference
+        gated += result.stats.gated_rounds
+        speculated += sum(r.nodes > 0 for r in result.records[1:])
+    assert gated > 0 and speculated > 0  # the gate decided both ways on real prompts
+
+
+def test_cost_gate_where_no_round_pays_decodes_plain_steps(smol_target, prompts_and_plain):
+    from draftwise.gate import CostGateConfig
+
+    config = GenerationConfig(max_new_tokens=NEW, gate=CostGateConfig(_profile([1.0] + [100.0] * 64)))
+    prompts, plain = prompts_and_plain
+    result = run(smol_target, [PromptLookupProposer()], prompts[0], config)
+    assert result.tokens == plain[0]
+    assert all(r.nodes == 0 for r in result.records[1:])  # round 1 reads the prompt: never gated
+    assert result.stats.gated_rounds == sum(r.gated for r in result.records) > 0
+
+
+def test_cost_gate_on_a_flat_profile_cuts_nothing(smol_target, prompts_and_plain):
+    from draftwise.gate import CostGateConfig
+
+    prompts, _ = prompts_and_plain
+    ungated = run(smol_target, [PromptLookupProposer()], prompts[1])
+    flat = run(smol_target, [PromptLookupProposer()], prompts[1],
+               GenerationConfig(max_new_tokens=NEW, gate=CostGateConfig(_profile([1.0] * 65))))
+    assert flat.stats.gated_rounds == 0
+    assert [(r.nodes, r.accepted) for r in flat.records] == [(r.nodes, r.accepted) for r in ungated.records]

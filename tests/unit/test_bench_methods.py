@@ -113,3 +113,14 @@ def test_a_key_of_another_proposer_is_refused_not_ignored():
 
     with pytest.raises(MethodError, match="k configure proposer=draft-model, not prompt-lookup"):
         parse_method("pl=dw:proposer=prompt-lookup,k=3", DEFAULTS)
+
+
+def test_gate_key(tmp_path):
+    m = parse_method("g=dw:gate=auto", DEFAULTS)
+    assert m.decoder.gate == "auto" and "gate=auto" in m.describe()
+    assert parse_method("g=dw:gate=" + str(tmp_path), DEFAULTS).decoder.gate == str(tmp_path)
+    assert parse_method("dw", DEFAULTS).decoder.gate is None
+    with pytest.raises(MethodError, match="neither"):
+        parse_method("g=dw:gate=" + str(tmp_path / "missing"), DEFAULTS)
+    with pytest.raises(MethodError, match="proposer none"):
+        parse_method("g=dw:proposer=none,gate=auto", DEFAULTS)

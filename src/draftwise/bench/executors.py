@@ -8,6 +8,7 @@ callback.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import replace
 from typing import Protocol, Sequence
@@ -44,7 +45,8 @@ class DraftwiseExecutor:
         limit = max_new_tokens or spec.generation.max_new_tokens
         if limit not in self._decoders:  # warm-up asks for fewer tokens; build once per length
             sized = replace(spec, generation=replace(spec.generation, max_new_tokens=limit))
-            self._decoders[limit] = build_decoder(sized, self.target, self._draft)
+            self._decoders[limit] = build_decoder(sized, self.target, self._draft,
+                                                  progress=lambda message: print(message, file=sys.stderr))
         return self._decoders[limit]
 
     def run(self, prompt: Sequence[int], max_new_tokens: int | None = None) -> TurnOutput:

@@ -13,6 +13,7 @@ Keys of dw (defaults are the library's own, from DecoderSpec and the component c
     tree, relation               draft tree template (wbd:2,2,1) and how children are drawn
     lookup, ngram, candidates    prompt-lookup tokens, max n-gram, continuations (tree when > 1)
     index                        REST datastore          max_nodes, max_depth   tree limits
+    gate                         cost gate: auto or a verify_profile directory
     exact                        false permits a heuristic verifier
 Keys of peers: target; draft (hf-assisted); tokens (prompt-lookup peers, default 10).
 
@@ -36,7 +37,7 @@ PEERS = ("hf-plain", "hf-assisted", "hf-prompt-lookup", "llamacpp-plain", "llama
 PEER_BACKEND = {p: ("transformers" if p.startswith("hf-") else "llamacpp") for p in PEERS}
 PEER_LOOKUP_TOKENS = 10  # transformers' and llama-cpp-python's usual prompt-lookup length
 _DW_KEYS = {"proposer", "backend", "verifier", "target", "draft", "k", "confidence", "tree", "relation", "lookup",
-            "ngram", "candidates", "index", "max_nodes", "max_depth", "exact"}
+            "ngram", "candidates", "index", "max_nodes", "max_depth", "exact", "gate"}
 _PEER_KEYS = {"hf-plain": {"target"}, "hf-assisted": {"target", "draft"}, "hf-prompt-lookup": {"target", "tokens"},
               "llamacpp-plain": {"target"}, "llamacpp-prompt-lookup": {"target", "tokens"}}
 
@@ -93,6 +94,8 @@ class MethodSpec:
         if d.proposer == "prompt-lookup":
             p = d.prompt_lookup
             parts += [f"lookup={p.num_tokens}", f"ngram={p.max_ngram}", f"candidates={p.max_candidates}"]
+        if d.gate:
+            parts.append(f"gate={d.gate}")
         return "dw: " + ", ".join(parts)
 
 
@@ -211,6 +214,7 @@ def _dw_method(name: str, values: dict[str, str], defaults: MethodDefaults) -> M
             tree=values.get("tree"),
             relation=values.get("relation", base.relation),
             index=values.get("index"),
+            gate=values.get("gate"),
             generation=replace(gen, limits=limits, exact=_bool(values, "exact", gen.exact)),
         )
         if spec.proposer not in PROPOSERS:  # planned_contracts reads anything unknown as REST

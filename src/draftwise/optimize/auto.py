@@ -26,6 +26,7 @@ from draftwise.backends.profile import write_profile
 from draftwise.build import build_decoder
 from draftwise.engine import GenerationConfig
 from draftwise.optimize.calibrate import calibrate, calibration_provenance, calibration_spec, profile_from_counts
+from draftwise.optimize.hardware import VerifyCostProfile
 from draftwise.optimize.select import TreeArtifact, load_tree_artifact, optimize_from_artifacts
 from draftwise.sampling import SamplingPolicy
 from draftwise.topology.compile import COMPILER_VERSION
@@ -61,6 +62,41 @@ def _valid(directory: Path, kind: str, check: Callable[[dict], bool]) -> bool:
         return False
 
 
+def ensure_profile(target: Backend, directory: Path, rows: Sequence[int], prefix_len: int, repeats: int,
+                   say: Callable[[str], None]) -> VerifyCostProfile:
+    """The verify profile in `directory`, measured now unless a valid one for this target and
+    backend covering `rows` is there already."""
+    wanted = [int(n) for n in rows]
+    if not _valid(directory, "verify_profile",
+                  lambda p: p.get("model") == target.info.checkpoint and p.get("backend") == target.info.name):
+        shutil.rmtree(directory, ignore_errors=True)
+    else:
+        profile = VerifyCostProfile.load(directory)
+        if set(wanted) <= set(profile.rows):
+            return profile
+    say(f"measuring the verify cost of {target.info.checkpoint} (rows {wanted[0]}..{wanted[-1]})")
+    return write_profile(target, directory, prefix_len=prefix_len, rows=wanted, repeats=repeats, progress=say)
+
+
+def gate_rows(max_rows: int) -> tuple[int, ...]:
+    """Row counts measured for the cost gate: every count up to 16 (where a CPU's cost steps
+    lie), then a coarser grid the profile interpolates between."""
+    dense = range(1, min(max_rows, 16) + 1)
+    coarse = [n for n in (24, 32, 48, 64, 96, 128) if 16 < n < max_rows]
+    return tuple(sorted({*dense, *coarse, max_rows}))
+
+
+def auto_gate_profile(target: Backend, max_rows: int, cache_root: Path, config: AutoTreeConfig = AutoTreeConfig(),
+                      progress: Callable[[str], None] | None = None) -> VerifyCostProfile:
+    """`--gate auto`: the target's verify profile over 1..max_rows, cached per target, backend
+    and thread count."""
+    key = {"target": target.info.checkpoint, "tokenizer_hash": target.info.tokenizer_hash, "backend": target.info.name,
+           "threads": getattr(target, "n_threads", None), "prefix_len": config.profile_prefix_len}
+    directory = Path(cache_root) / "gate" / stable_hash(key)[:20] / f"rows-{max_rows}"
+    return ensure_profile(target, directory, gate_rows(max_rows), config.profile_prefix_len, config.profile_repeats,
+                          progress or (lambda message: None))
+
+
 def auto_tree(
     target: Backend,
     draft: Backend,
@@ -76,12 +112,8 @@ def auto_tree(
     root = Path(cache_root) / stable_hash(key)[:20]
     profile_dir, acceptance_dir, tree_dir = root / "profile", root / "acceptance", root / "tree"
 
-    if not _valid(profile_dir, "verify_profile",
-                  lambda p: p.get("model") == target.info.checkpoint and p.get("backend") == target.info.name):
-        say(f"measuring the verify cost of {target.info.checkpoint} (rows 1..{config.max_nodes})")
-        shutil.rmtree(profile_dir, ignore_errors=True)
-        write_profile(target, profile_dir, prefix_len=config.profile_prefix_len,
-                      rows=tuple(range(1, config.max_nodes + 1)), repeats=config.profile_repeats, progress=say)
+    ensure_profile(target, profile_dir, tuple(range(1, config.max_nodes + 1)), config.profile_prefix_len,
+                   config.profile_repeats, say)
     if not _valid(acceptance_dir, "acceptance",
                   lambda p: p.get("policy") == policy.as_dict() and p.get("target") == target.info.checkpoint):
         say(f"calibrating {draft.info.checkpoint} on {len(calibration_prompts)} prompts (width {config.width})")

@@ -1,0 +1,139 @@
+"""Cost gate: how deep to verify this round, chosen by predicted time per committed token.
+
+A round that verifies d candidate depths costs t(1 + rows(d)) (the measured verify profile,
+in plain-step units) and commits 1 + E[accepted | d] tokens.  Where t jumps from one row to
+many (transformers on a CPU: eleven rows cost about 3.3 plain steps) a round whose drafts are
+all rejected costs several plain steps, and prompt lookup late in a generation proposes many
+such rounds.  The gate keeps a recency-weighted estimate of the acceptance rates and, each
+round, verifies the depth d in 0..max that maximizes (1 + E[accepted | d]) / t(1 + rows(d));
+d = 0 is an ordinary target step.  Cutting a proposal never changes what the verifier
+selects among the rows it does see, so every exact verifier stays exact.
+
+Acceptance model: h1 = P(a depth-1 candidate is accepted) and hc = P(depth i + 1 accepted |
+depth i accepted), pooled over i (deeper depths alone are too sparse to estimate per round).
+Both are decayed counts that fall back to a prior when nothing is observed.  Observations
+come from the published tokens walked down the FULL proposal, cut rows included: the target's
+own token says whether the first cut candidate would have been accepted, and the tokens of
+the next rounds say whether the deeper ones would have been, so a gate that has closed keeps
+learning.  Cut candidates the walk never reaches stay unobserved (censored), never counted as
+rejected.  The proposers are asked for their
+whole proposal every round and the gate cuts it afterwards: free for prompt lookup and REST;
+a draft model's drafting time is not in the gate's objective (t(n) only), so the gate is
+meant for the proposers that cost nothing to ask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from draftwise.optimize.hardware import VerifyCostProfile
+from draftwise.topology.compile import CompiledRound
+
+
+@dataclass(frozen=True)
+class CostGateConfig:
+    profile: VerifyCostProfile  # t(n) of this target, backend and thread count
+    decay: float = 0.5  # weight a round's evidence keeps per later round (held-out replay: 0.3-0.7 within 2%)
+    prior_first: float = 0.5  # h1 the estimate returns to without evidence
+    prior_continue: float = 0.8  # hc likewise
+    prior_weight: float = 1.0  # pseudo-observations behind each prior
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.decay < 1.0:
+            raise ValueError(f"decay must be in [0, 1), got {self.decay}")
+        if not (0.0 <= self.prior_first <= 1.0 and 0.0 <= self.prior_continue <= 1.0):
+            raise ValueError("prior acceptance rates must be in [0, 1]")
+        if self.prior_weight <= 0.0:
+            raise ValueError(f"prior_weight must be > 0, got {self.prior_weight}")
+
+
+class _DecayedRate:
+    """successes / trials with old evidence decayed toward `prior` (a frozen pseudo-count)."""
+
+    def __init__(self, prior: float, weight: float) -> None:
+        self.successes, self.trials = prior * weight, weight
+        self._prior_successes, self._prior_trials = prior * weight, weight
+
+    def decay(self, factor: float) -> None:
+        self.successes = self._prior_successes + (self.successes - self._prior_successes) * factor
+        self.trials = self._prior_trials + (self.trials - self._prior_trials) * factor
+
+    def add(self, success: bool) -> None:
+        self.successes += float(success)
+        self.trials += 1.0
+
+    @property
+    def rate(self) -> float:
+        return self.successes / self.trials
+
+
+class CostGate:
+    """Per-generation state of the gate; `CostGateConfig` is the part that never changes."""
+
+    def __init__(self, config: CostGateConfig) -> None:
+        self.config = config
+        self.first = _DecayedRate(config.prior_first, config.prior_weight)
+        self.further = _DecayedRate(config.prior_continue, config.prior_weight)
+        self._open_walk: tuple[CompiledRound, int, int] | None = None  # (proposal, row, depth) still open
+
+    def expected_accepted(self, depth: int) -> float:
+        """E[accepted | a chain of `depth` candidates] under the current rates."""
+        h1, hc = self.first.rate, self.further.rate
+        reach, total = h1, 0.0
+        for _ in range(depth):
+            total += reach
+            reach *= hc
+        return total
+
+    def choose(self, rows_within: Sequence[int]) -> int:
+        """The depth to verify.  `rows_within[d]` = candidate rows of depth <= d (rows_within[0]
+        = 0); depths whose row count the profile has not measured are never chosen."""
+        profile = self.config.profile
+        best_depth, best_rate = 0, 1.0 / profile.relative_at(1)
+        for depth in range(1, len(rows_within)):
+            n = 1 + rows_within[depth]
+            if n > profile.max_rows:
+                break
+            rate = (1.0 + self.expected_accepted(depth)) / profile.relative_at(n)
+            if rate > best_rate:  # ties go to the cheaper round
+                best_depth, best_rate = depth, rate
+        return best_depth
+
+    def observe(self, offered: CompiledRound | None, published: Sequence[int]) -> None:
+        """Learn from the round: walk `published` (accepted tokens, then the target's own) down
+        the full proposal `offered`, cut rows included.  A walk that runs out of published
+        tokens with candidates still below (a round cut short, a plain step) continues into
+        the next rounds' tokens, so a gate that keeps taking plain steps still learns how far
+        the proposals would have gone, not only whether their first token was right."""
+        self.first.decay(self.config.decay)
+        self.further.decay(self.config.decay)
+        if self._open_walk is not None:
+            earlier, parent, depth = self._open_walk
+            self._open_walk = self._walk(earlier, parent, depth, published)
+        if offered is not None and offered.n:
+            self._open_walk = self._walk(offered, -1, 0, published)
+
+    def _walk(self, offered: CompiledRound, parent: int, depth: int,
+              published: Sequence[int]) -> tuple[CompiledRound, int, int] | None:
+        """Count each published token against the candidates under `parent` (at `depth`);
+        return where the walk stands if the tokens ran out before the candidates did."""
+        for token in published:
+            children = offered.children_of(parent)
+            if not children:
+                return None  # the proposal ends here: nothing to learn about deeper candidates
+            depth += 1
+            match = next((row for row in children if int(offered.token_ids[row]) == int(token)), None)
+            (self.first if depth == 1 else self.further).add(match is not None)
+            if match is None:
+                return None
+            parent = match
+        return (offered, parent, depth) if offered.children_of(parent) else None
+
+
+def rows_within_depths(round_: CompiledRound, max_depth: int) -> list[int]:
+    """[max_depth + 1]: candidate rows of depth <= d, for d = 0..max_depth."""
+    counts = np.bincount(round_.depth, minlength=max_depth + 1)[: max_depth + 1]  # [max_depth + 1]
+    return np.cumsum(counts).tolist()

@@ -1,0 +1,125 @@
+"""The cost gate: its acceptance estimate, its depth choice against hand-written profiles, and
+what it learns from a round (including the candidates it cut)."""
+
+import pytest
+
+from draftwise.gate import CostGate, CostGateConfig, rows_within_depths
+from draftwise.optimize.hardware import VerifyCostProfile
+from draftwise.topology.compile import TreeLimits, compile_round
+from tests.helpers import result_from_paths
+
+
+def profile(relative):
+    rows = tuple(range(1, len(relative) + 1))
+    return VerifyCostProfile(rows=rows, relative=tuple(relative), absolute_s=None, model="m", backend="b",
+                             threads=2, machine="test")
+
+
+STEP = profile([1.0] + [3.3] * 20)  # transformers on this CPU: one row cheap, many rows ~3.3 steps
+FLAT = profile([1.0] * 21)
+
+
+def gate(p=STEP, **rates):
+    return CostGate(CostGateConfig(p, **rates))
+
+
+def test_expected_accepted_is_the_chain_sum():
+    g = gate(prior_first=0.5, prior_continue=0.8)
+    assert g.expected_accepted(0) == 0.0
+    assert g.expected_accepted(3) == pytest.approx(0.5 + 0.5 * 0.8 + 0.5 * 0.8 ** 2)
+
+
+def test_step_profile_takes_a_plain_step_unless_acceptance_pays_for_the_wide_round():
+    rows = list(range(11))  # a 10-token chain
+    # E[accepted | 10] = 0.5 * (1 - 0.8^10) / 0.2 = 2.23: 3.23 tokens for 3.3 steps < 1 token per step
+    assert gate(prior_first=0.5, prior_continue=0.8).choose(rows) == 0
+    # E = 0.9 * (1 - 0.9^10) / 0.1 = 5.76: 6.76 / 3.3 > 1, and deeper is always better on a flat step
+    assert gate(prior_first=0.9, prior_continue=0.9).choose(rows) == 10
+
+
+def test_flat_profile_never_cuts_a_proposal_worth_anything():
+    assert gate(FLAT, prior_first=0.05, prior_continue=0.05).choose(list(range(11))) == 10
+
+
+def test_linear_profile_stops_where_the_next_depth_no_longer_pays():
+    linear = profile([1.0 + 0.25 * (n - 1) for n in range(1, 21)])
+    g = gate(linear, prior_first=0.9, prior_continue=0.6)
+    best = g.choose(list(range(11)))
+    rates = [(1 + g.expected_accepted(d)) / linear.relative_at(1 + d) for d in range(11)]
+    assert best == max(range(11), key=lambda d: (rates[d], -d))
+    assert 0 < best < 10
+
+
+def test_depths_beyond_the_measured_rows_are_never_chosen():
+    short = profile([1.0, 1.0, 1.0])  # rows 1..3 measured: at most 2 candidate rows
+    assert gate(short, prior_first=0.99, prior_continue=0.99).choose(list(range(11))) == 2
+
+
+def test_tree_rows_count_every_candidate_within_the_depth():
+    round_ = compile_round(5, [result_from_paths([[1, 2, 3], [1, 4], [5]])], TreeLimits())
+    assert rows_within_depths(round_, 3) == [0, 2, 4, 5]
+    # three depth-1..2 rows cost what t(5) says, not t(3)
+    costly_wide = profile([1.0, 1.0, 1.0, 5.0, 5.0, 5.0])
+    assert gate(costly_wide, prior_first=0.9, prior_continue=0.9).choose(rows_within_depths(round_, 3)) == 1
+
+
+def test_observe_walks_the_published_tokens_down_the_full_proposal():
+    round_ = compile_round(5, [result_from_paths([[7, 8, 9]])], TreeLimits())
+    g = gate(prior_first=0.5, prior_continue=0.5, prior_weight=1.0, decay=0.0)
+    g.observe(round_, [7, 8, 4])  # depth 1 and 2 right, depth 3 wrong
+    assert (g.first.successes, g.first.trials) == (0.5 + 1, 1 + 1)
+    assert (g.further.successes, g.further.trials) == (0.5 + 1, 1 + 2)
+
+
+def test_the_target_token_after_a_cut_is_evidence_and_deeper_cut_rows_are_censored():
+    round_ = compile_round(5, [result_from_paths([[7, 8, 9, 10]])], TreeLimits())
+    g = gate(prior_first=0.5, prior_continue=0.5, decay=0.0)
+    g.observe(round_, [7, 8])  # cut at depth 1: 7 accepted, the target's bonus 8 equals the cut depth-2 row
+    assert (g.first.successes, g.first.trials) == (1.5, 2)
+    assert (g.further.successes, g.further.trials) == (1.5, 2)  # depths 3, 4: unobserved, not rejected
+
+
+def test_a_plain_step_still_learns_whether_the_first_candidate_was_right():
+    round_ = compile_round(5, [result_from_paths([[7, 8], [6]])], TreeLimits())
+    g = gate(prior_first=0.5, prior_continue=0.5, decay=0.0)
+    g.observe(round_, [6])  # gated to depth 0; the target chose 6, one of the depth-1 candidates
+    assert (g.first.successes, g.first.trials) == (1.5, 2)
+    g.observe(round_, [3])
+    assert (g.first.successes, g.first.trials) == (0.5, 2)  # decay 0: the earlier round is forgotten
+
+
+def test_a_proposal_that_ends_teaches_nothing_about_deeper_rows():
+    round_ = compile_round(5, [result_from_paths([[7]])], TreeLimits())
+    g = gate(prior_first=0.5, prior_continue=0.5, decay=0.0)
+    g.observe(round_, [7, 3])
+    assert g.further.trials == 1.0
+
+
+def test_without_evidence_the_estimate_decays_back_to_the_prior():
+    round_ = compile_round(5, [result_from_paths([[7, 8]])], TreeLimits())
+    g = gate(prior_first=0.5, prior_continue=0.8, decay=0.5)
+    for _ in range(8):
+        g.observe(round_, [1])
+    # steady state of all-wrong rounds: prior 0.5 / (1 + 1 / (1 - decay)) = 0.167
+    assert g.first.rate == pytest.approx(0.5 / 3, abs=0.01)
+    for _ in range(40):
+        g.observe(None, [1])
+    assert g.first.rate == pytest.approx(0.5, abs=1e-6)
+
+
+@pytest.mark.parametrize("bad", [dict(decay=1.0), dict(decay=-0.1), dict(prior_first=1.5), dict(prior_weight=0.0)])
+def test_bad_settings_are_refused(bad):
+    with pytest.raises(ValueError):
+        CostGateConfig(STEP, **bad)
+
+
+def test_a_cut_walk_continues_into_the_next_rounds_tokens():
+    round_ = compile_round(5, [result_from_paths([[7, 8, 9]])], TreeLimits())
+    g = gate(prior_first=0.5, prior_continue=0.5, decay=1e-9)
+    g.observe(round_, [7])  # plain step: the target's token equals the first candidate
+    g.observe(None, [8])  # the next plain step's token equals the second
+    assert (g.further.successes, g.further.trials) == pytest.approx((1.5, 2))
+    g.observe(None, [5, 6])  # the third candidate (9) would have been rejected; the walk closes
+    assert (g.further.successes, g.further.trials) == pytest.approx((0.5, 2))  # decay ~0: only the last round counts
+    g.observe(None, [9])
+    assert g.further.trials == pytest.approx(1)  # closed: nothing more is counted
