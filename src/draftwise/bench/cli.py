@@ -85,7 +85,7 @@ def _print_summary(summary: dict, out: Path) -> None:
     for name, m in summary["methods"].items():
         o = m["overall"]
         status = f"skipped: {m['skipped']}" if m["skipped"] and not o["questions"] else f"{o['questions']} questions"
-        table.add_row(name, f"{o['tokens_per_s']:.1f}", _num(o["speedup"]), _num(o["mean_accepted"]),
+        table.add_row(name, f"{o['tokens_per_s']:.3f}", _num(o["speedup"]), _num(o["mean_accepted"]),
                       _num(o["mismatches"]), status)
     Console().print(table)
     err.print(f"report: {out / 'report.md'}")

@@ -43,7 +43,7 @@ def _winner(summary: dict) -> str:
         else:
             lines.append(f"No exact method beat its plain reference (closest: **{name}**, {speedup:.2f}x).")
     if fastest:
-        lines.append(f"Highest absolute throughput: **{fastest[1]}**, {fastest[0]:.1f} tok/s.")
+        lines.append(f"Highest absolute throughput: **{fastest[1]}**, {fastest[0]:.3f} tok/s.")
     bad = [n for n, m in summary["methods"].items() if m["overall"]["mismatches"]]
     if bad:
         lines.append(f"**Outputs differ from the plain reference** for: {', '.join(bad)} (see Exactness).")
@@ -89,7 +89,7 @@ def _overall_table(summary: dict) -> list[str]:
             continue
         lat = o["latency"]
         kv = None if o["max_temp_kv_bytes"] is None else o["max_temp_kv_bytes"] / 2**20
-        lines.append(f"| {name} | {_fmt(o['tokens_per_s'], 1)} | {_fmt(o['speedup'])} | "
+        lines.append(f"| {name} | {_fmt(o['tokens_per_s'], 3)} | {_fmt(o['speedup'])} | "
                      f"{_fmt(o['speedup_per_prompt_median'])} | {_fmt(o['ms_per_token'], 1)} | "
                      f"{_fmt(o['mean_accepted'])} | {_fmt(o['fallback_rate'])} | {_fmt(o['rows_verified_mean'], 1)} | "
                      f"{_fmt(lat['p50_ms'], 1)} / {_fmt(lat['p90_ms'], 1)} | {_fmt(lat['ttft_median_ms'], 0)} | "
@@ -106,7 +106,7 @@ def _category_table(summary: dict) -> list[str]:
         cells = []
         for c in categories:
             cm = m["categories"].get(c)
-            cells.append("–" if not cm or not cm["questions"] else f"{_fmt(cm['speedup'])} ({_fmt(cm['tokens_per_s'], 1)})")
+            cells.append("–" if not cm or not cm["questions"] else f"{_fmt(cm['speedup'])} ({_fmt(cm['tokens_per_s'], 3)})")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines + [""]
 
