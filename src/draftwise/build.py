@@ -198,7 +198,9 @@ def gate_config(spec: DecoderSpec, target: Backend, generation: GenerationConfig
 
         nodes, _ = proposal_shape(spec)  # (0, 0) when unknown in advance: the tree limit bounds it
         max_rows = 1 + (min(nodes, generation.limits.max_nodes) if nodes else generation.limits.max_nodes)
-        return CostGateConfig(auto_gate_profile(target, max_rows, cache_dir().parent / "auto", progress=progress))
+        chain = tree_leaves_needed(spec) == 0  # every proposer is a sequence
+        return CostGateConfig(auto_gate_profile(target, max_rows, cache_dir().parent / "auto", progress=progress,
+                                                chain=chain))
     profile = VerifyCostProfile.load(Path(spec.gate))
     if (profile.model, profile.backend) != (target.info.checkpoint, target.info.name):
         raise ValueError(f"gate profile {spec.gate} measured {profile.model} on {profile.backend}, "

@@ -252,6 +252,7 @@ def profile(
     max_rows: int = typer.Option(64, help="Measure n = 1, 2, 4, ... up to this many rows."),
     rows_list: Optional[str] = typer.Option(None, "--rows", help="Explicit row counts, e.g. 1,2,3,4,6,8 (overrides --max-rows)."),
     repeats: int = typer.Option(5, help="Timed repeats per n (the median is kept)."),
+    chain: bool = typer.Option(False, "--chain", help="Time chains of n - 1 candidates (what a sequence proposer verifies) instead of random trees."),
     out: str = typer.Option(..., help="Directory for the verify_profile artifact."),
 ) -> None:
     """Measure t(n)/t(1), the target's verify time for n rows, and save it as an artifact."""
@@ -273,7 +274,7 @@ def profile(
         rows = tuple(2**i for i in range(max_rows.bit_length()) if 2**i <= max_rows)
     target_backend = load_backend(target, backend, threads, progress=lambda m: err.print(f"[dim]{m}[/]"))
     result = write_profile(target_backend, Path(out), prefix_len=prefix_len, rows=rows, repeats=repeats,
-                           progress=lambda m: err.print(m))
+                           progress=lambda m: err.print(m), chain=chain)
     table = Table("rows", "median s", "t(n)/t(1)")
     for n, absolute, relative in zip(result.rows, result.absolute_s, result.relative):
         table.add_row(str(n), f"{absolute:.5f}", f"{relative:.3f}")

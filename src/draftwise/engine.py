@@ -213,7 +213,7 @@ class SpeculativeDecoder:
         record = RoundRecord(
             nodes=round_.n,
             proposal_depth=int(round_.depth.max()) if round_.n else 0,
-            accepted=len(selection.accepted_rows),
+            accepted=min(len(selection.accepted_rows), emitted_count),  # a stop rule (EOS) cuts the rest
             emitted=emitted_count,
             fallback=asked and not proposed,
             asked=asked,

@@ -113,7 +113,7 @@ class CostGate:
         if self._open_walk is not None:
             earlier, parent, depth = self._open_walk
             self._open_walk = self._walk(earlier, parent, depth, published)
-        if offered is not None and offered.n:
+        if offered is not None and offered.n:  # one walk stays open: the newest proposal's
             self._open_walk = self._walk(offered, -1, 0, published)
 
     def _walk(self, offered: CompiledRound, parent: int, depth: int,

@@ -13,7 +13,7 @@ PHASES = ("prefill", "propose", "compile", "verify", "select", "commit")  # pref
 class RoundRecord:
     nodes: int  # candidate rows verified (after merging and limits)
     proposal_depth: int  # deepest candidate row
-    accepted: int  # accepted candidate rows
+    accepted: int  # accepted candidate rows that were published (those after an EOS are not)
     emitted: int  # tokens published this round (accepted + bonus, cut by stop rules)
     fallback: bool  # the proposers returned nothing: one ordinary target step
     temp_kv_bytes: int  # KV bytes held while the round's rows were provisional

@@ -58,6 +58,8 @@ def test_auto_gate_profile_measures_every_row_count_once_then_reuses(tmp_path):
     data.write_text(data.read_text().replace("[", "[ ", 1))  # tampered: measured again, not trusted
     auto_gate_profile(target, 11, tmp_path, CONFIG, progress=messages.append)
     assert any("measuring" in m for m in messages)
+    chains = auto_gate_profile(target, 11, tmp_path, CONFIG, chain=True)  # another shape: its own artifact
+    assert chains.provenance["shape"].startswith("chain") and len(list(tmp_path.glob("gate/*/rows-11"))) == 2
 
 
 def test_a_gate_profile_is_used_only_for_the_target_it_measured(tmp_path):

@@ -241,3 +241,13 @@ def test_first_round_reads_the_prompt_as_unread_rows(backend, prompt):
     assert_close(got[0], fresh_logits(backend, list(prompt)), "pending row")
     for r in range(round_.n):
         assert_close(got[r + 1], fresh_logits(backend, list(prompt) + list(round_.path_tokens(r))), f"row {r}")
+
+
+def test_a_chain_only_context_is_profiled_with_chains():
+    from draftwise.backends.profile import profile_verify_cost
+
+    chain_only = LlamaCppBackend.load(resolve("smollm2-135m"), n_threads=1, n_ctx=512, max_tree_leaves=0)
+    measured = profile_verify_cost(chain_only, prefix_len=32, rows=(1, 3, 6), repeats=1, chain=True)
+    assert measured["rows"] == [1, 3, 6] and all(s > 0 for s in measured["absolute_s"])
+    with pytest.raises(BackendError, match="leaves"):  # random trees need tree sequences
+        profile_verify_cost(chain_only, prefix_len=32, rows=(1, 3, 6), repeats=1)

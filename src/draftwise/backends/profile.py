@@ -51,6 +51,14 @@ def random_tree(prefix_len: int, n_nodes: int, vocab_size: int, rng: np.random.G
     return compile_round(prefix_len, [result], TreeLimits(max_nodes=n_nodes, max_depth=n_nodes))
 
 
+def chain_round(prefix_len: int, n_nodes: int, vocab_size: int) -> CompiledRound:
+    """A chain of n_nodes candidate rows: what a sequence proposer (prompt lookup, a draft
+    chain) verifies, and all a chain-only llama.cpp context (no tree sequences) can verify."""
+    nodes = tuple(ProposalNode(token=(1000 + i) % vocab_size, parent=i - 1, depth=i + 1) for i in range(n_nodes))
+    result = ProposalResult(nodes, _CONTRACT, "profile", "profile")
+    return compile_round(prefix_len, [result], TreeLimits(max_nodes=n_nodes, max_depth=n_nodes))
+
+
 def machine_description() -> str:
     model = platform.processor() or platform.machine()
     try:
@@ -68,8 +76,10 @@ def profile_verify_cost(
     rows: Sequence[int] = DEFAULT_ROWS,
     repeats: int = 5,
     progress: Callable[[str], None] | None = None,
+    chain: bool = False,
 ) -> dict:
-    """Median verify time per row count on a realistic prefix; the backend is reset first."""
+    """Median verify time per row count on a realistic prefix; the backend is reset first.
+    `chain`: time chains of n - 1 candidates instead of random trees."""
     say = progress or (lambda message: None)
     text_ids = backend.tokenize(_PREFIX_TEXT, add_special=False)
     prefix = (text_ids * (prefix_len // len(text_ids) + 1))[:prefix_len]
@@ -79,7 +89,12 @@ def profile_verify_cost(
     rng = np.random.default_rng(0)
     medians: list[float] = []
     for n in rows:
-        round_ = None if n == 1 else random_tree(backend.cached_len + 1, n - 1, backend.info.vocab_size, rng)
+        if n == 1:
+            round_ = None
+        elif chain:
+            round_ = chain_round(backend.cached_len + 1, n - 1, backend.info.vocab_size)
+        else:
+            round_ = random_tree(backend.cached_len + 1, n - 1, backend.info.vocab_size, rng)
         samples = []
         for i in range(repeats + 1):
             start = time.perf_counter()
@@ -108,13 +123,15 @@ def write_profile(
     rows: Sequence[int] = DEFAULT_ROWS,
     repeats: int = 5,
     progress: Callable[[str], None] | None = print,
+    chain: bool = False,
 ) -> VerifyCostProfile:
     """Measure and save a verify_profile artifact in `out_dir`; progress is printed per n."""
-    measured = profile_verify_cost(backend, prefix_len, rows, repeats, progress)
+    measured = profile_verify_cost(backend, prefix_len, rows, repeats, progress, chain)
+    shape = "chain of n - 1 rows" if chain else "random tree of n - 1 rows, seed 0"
     profile = VerifyCostProfile.from_absolute(
         measured["rows"], measured["absolute_s"], model=measured["model"], backend=measured["backend"],
         threads=measured["threads"], machine=measured["machine"],
-        provenance={"prefix_len": prefix_len, "repeats": repeats, "shape": "random tree of n - 1 rows, seed 0"},
+        provenance={"prefix_len": prefix_len, "repeats": repeats, "shape": shape},
     )
     profile.save(Path(out_dir))
     return profile

@@ -63,7 +63,7 @@ def _valid(directory: Path, kind: str, check: Callable[[dict], bool]) -> bool:
 
 
 def ensure_profile(target: Backend, directory: Path, rows: Sequence[int], prefix_len: int, repeats: int,
-                   say: Callable[[str], None]) -> VerifyCostProfile:
+                   say: Callable[[str], None], chain: bool = False) -> VerifyCostProfile:
     """The verify profile in `directory`, measured now unless a valid one for this target and
     backend covering `rows` is there already."""
     wanted = [int(n) for n in rows]
@@ -75,7 +75,8 @@ def ensure_profile(target: Backend, directory: Path, rows: Sequence[int], prefix
         if set(wanted) <= set(profile.rows):
             return profile
     say(f"measuring the verify cost of {target.info.checkpoint} (rows {wanted[0]}..{wanted[-1]})")
-    return write_profile(target, directory, prefix_len=prefix_len, rows=wanted, repeats=repeats, progress=say)
+    return write_profile(target, directory, prefix_len=prefix_len, rows=wanted, repeats=repeats, progress=say,
+                         chain=chain)
 
 
 def gate_rows(max_rows: int) -> tuple[int, ...]:
@@ -87,14 +88,16 @@ def gate_rows(max_rows: int) -> tuple[int, ...]:
 
 
 def auto_gate_profile(target: Backend, max_rows: int, cache_root: Path, config: AutoTreeConfig = AutoTreeConfig(),
-                      progress: Callable[[str], None] | None = None) -> VerifyCostProfile:
-    """`--gate auto`: the target's verify profile over 1..max_rows, cached per target, backend
-    and thread count."""
+                      progress: Callable[[str], None] | None = None, chain: bool = False) -> VerifyCostProfile:
+    """`--gate auto`: the target's verify profile over 1..max_rows, of chains or of trees (the
+    shape the configuration verifies: llama.cpp runs chains on a cheaper path, and a chain-only
+    context cannot verify a tree), cached per target, backend, thread count and shape."""
     key = {"target": target.info.checkpoint, "tokenizer_hash": target.info.tokenizer_hash, "backend": target.info.name,
-           "threads": getattr(target, "n_threads", None), "prefix_len": config.profile_prefix_len}
+           "threads": getattr(target, "n_threads", None), "prefix_len": config.profile_prefix_len,
+           "shape": "chain" if chain else "tree"}
     directory = Path(cache_root) / "gate" / stable_hash(key)[:20] / f"rows-{max_rows}"
     return ensure_profile(target, directory, gate_rows(max_rows), config.profile_prefix_len, config.profile_repeats,
-                          progress or (lambda message: None))
+                          progress or (lambda message: None), chain)
 
 
 def auto_tree(
