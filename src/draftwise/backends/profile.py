@@ -40,23 +40,26 @@ _PREFIX_TEXT = (
 )
 
 
-def random_tree(prefix_len: int, n_nodes: int, vocab_size: int, rng: np.random.Generator) -> CompiledRound:
+def _round_of_parents(prefix_len: int, parents: list[int], vocab_size: int) -> CompiledRound:
+    """Candidate row i under row parents[i] (-1 = the frontier), parents before children."""
     nodes: list[ProposalNode] = []
-    for i in range(n_nodes):
-        parent = int(rng.integers(-1, i))  # -1 = under the frontier
+    for i, parent in enumerate(parents):
         depth = 1 if parent == -1 else nodes[parent].depth + 1
-        # distinct tokens, so the full-prefix merge keeps all n_nodes rows
+        # distinct tokens, so the full-prefix merge keeps every row
         nodes.append(ProposalNode(token=(1000 + i) % vocab_size, parent=parent, depth=depth))
     result = ProposalResult(tuple(nodes), _CONTRACT, "profile", "profile")
-    return compile_round(prefix_len, [result], TreeLimits(max_nodes=n_nodes, max_depth=n_nodes))
+    return compile_round(prefix_len, [result], TreeLimits(max_nodes=len(parents), max_depth=len(parents)))
+
+
+def random_tree(prefix_len: int, n_nodes: int, vocab_size: int, rng: np.random.Generator) -> CompiledRound:
+    """n_nodes rows, each under a uniformly chosen earlier row or the frontier."""
+    return _round_of_parents(prefix_len, [int(rng.integers(-1, i)) for i in range(n_nodes)], vocab_size)
 
 
 def chain_round(prefix_len: int, n_nodes: int, vocab_size: int) -> CompiledRound:
     """A chain of n_nodes candidate rows: what a sequence proposer (prompt lookup, a draft
     chain) verifies, and all a chain-only llama.cpp context (no tree sequences) can verify."""
-    nodes = tuple(ProposalNode(token=(1000 + i) % vocab_size, parent=i - 1, depth=i + 1) for i in range(n_nodes))
-    result = ProposalResult(nodes, _CONTRACT, "profile", "profile")
-    return compile_round(prefix_len, [result], TreeLimits(max_nodes=n_nodes, max_depth=n_nodes))
+    return _round_of_parents(prefix_len, list(range(-1, n_nodes - 1)), vocab_size)
 
 
 def machine_description() -> str:
