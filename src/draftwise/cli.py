@@ -15,6 +15,7 @@ from rich.table import Table
 from draftwise import models
 from draftwise.build import DecoderSpec, build_decoder, load_backend, preflight, tree_leaves_needed
 from draftwise.engine import GenerationConfig, GenerationResult
+from draftwise.optimize.auto_proposer import CALIBRATION_WORKLOAD, auto_preflight
 from draftwise.optimize.calibrate import relation_for
 from draftwise.proposers.draft_model import DraftConfig
 from draftwise.proposers.prompt_lookup import PromptLookupConfig
@@ -44,7 +45,7 @@ def generate(
     target: str = typer.Option(DEFAULTS.target, help="Target model: alias, .gguf file, directory or hub id."),
     draft: Optional[str] = typer.Option(None, help="Draft model for --proposer draft-model."),
     backend: str = typer.Option(DEFAULTS.backend, help="auto | transformers | llamacpp."),
-    proposer: str = typer.Option(DEFAULTS.proposer, help="none | prompt-lookup | draft-model | rest."),
+    proposer: str = typer.Option(DEFAULTS.proposer, help="none | prompt-lookup | draft-model | rest | auto (the best predicted on this machine, from plain traces of --calibration-workload)."),
     verifier: str = typer.Option(DEFAULTS.verifier, help="auto | greedy | membership | rejection | specinfer | sequoia | spectr | typical."),
     allow_heuristic: bool = typer.Option(False, "--allow-heuristic", help="Permit a heuristic (inexact) verifier."),
     temperature: float = typer.Option(0.0, help="0 = greedy."),
@@ -62,7 +63,7 @@ def generate(
     gate: Optional[str] = typer.Option(None, help="Cost gate: verify only as deep as the measured t(n) and recent acceptance pay for; auto (measured once, cached) or a verify_profile directory."),
     threads: Optional[int] = typer.Option(None, help="CPU threads (default: all cores)."),
     stop: list[str] = typer.Option([], help="Stop string (repeatable)."),
-    calibration_workload: str = typer.Option("humaneval:0-1", help="Prompts that calibrate --tree auto on first use."),
+    calibration_workload: str = typer.Option(CALIBRATION_WORKLOAD, help="Prompts that calibrate --tree auto and --proposer auto on first use."),
     compare_ar: bool = typer.Option(False, "--compare-ar", help="Also run plain decoding and compare."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text and stats."),
 ) -> None:
@@ -80,14 +81,22 @@ def generate(
         auto = tree == "auto"
         if auto:  # the tree is chosen after loading; its contract is known now
             spec = replace(spec, tree=AUTO_PLACEHOLDER, relation=relation_for(policy).value)
-        verifier_name = preflight(spec)  # refuses incompatible pairs before any model is loaded
+        auto_proposer = proposer == "auto"
+        if auto_proposer:  # every candidate is checked against the verifier before any model is loaded
+            leaves = auto_preflight(spec)
+        else:
+            verifier_name = preflight(spec)  # refuses incompatible pairs before any model is loaded
+            leaves = tree_leaves_needed(spec)
         _quiet_llama_cpp()
         say = None if as_json else (lambda m: err.print(f"[dim]{m}[/]"))
-        target_backend = load_backend(target, backend, threads, progress=say, max_tree_leaves=tree_leaves_needed(spec))
+        target_backend = load_backend(target, backend, threads, progress=say, max_tree_leaves=leaves)
         draft_backend = (load_backend(draft, backend, threads, progress=say, max_tree_leaves=0 if tree is None else 64)
-                         if proposer == "draft-model" and draft else None)
+                         if proposer in ("draft-model", "auto") and draft else None)
         if auto:
             spec = _auto_tree_spec(spec, target_backend, draft_backend, calibration_workload, say)
+        if auto_proposer:
+            spec = _auto_proposer_spec(spec, target_backend, draft_backend, calibration_workload, say)
+            verifier_name = preflight(spec)
         decoder = build_decoder(spec, target_backend, draft_backend, progress=say)
         prompt_ids = target_backend.chat_prompt([{"role": "user", "content": prompt}]) if chat else target_backend.tokenize(prompt)
         stream = None if as_json else TextStream(target_backend.detokenize, target_backend.info.eos_token_ids, sys.stdout)
@@ -128,6 +137,17 @@ def _auto_tree_spec(spec: DecoderSpec, target_backend, draft_backend, workload: 
     if choice.n == 1:  # measured: no tree beats plain decoding here
         return replace(spec, proposer="none", tree=None)
     return replace(spec, tree=str(artifact.directory))
+
+
+def _auto_proposer_spec(spec: DecoderSpec, target_backend, draft_backend, workload: str, say) -> DecoderSpec:
+    """Resolve `--proposer auto` by replaying every candidate on plain traces of the workload."""
+    from draftwise.models import cache_dir
+    from draftwise.optimize.auto_proposer import choose_for_workload
+
+    choice = choose_for_workload(spec, target_backend, draft_backend, workload, cache_dir().parent / "auto", say)
+    for line in choice.table().splitlines():
+        (say or (lambda m: None))(line)
+    return choice.spec
 
 
 class TextStream:

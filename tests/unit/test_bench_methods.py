@@ -124,3 +124,16 @@ def test_gate_key(tmp_path):
         parse_method("g=dw:gate=" + str(tmp_path / "missing"), DEFAULTS)
     with pytest.raises(MethodError, match="proposer none"):
         parse_method("g=dw:proposer=none,gate=auto", DEFAULTS)
+
+
+def test_auto_proposer_key():
+    m = parse_method("a=dw:proposer=auto", DEFAULTS)
+    assert m.decoder.proposer == "auto" and m.calibration == "humaneval:0-1"
+    assert m.draft == DEFAULTS.draft and not m.is_plain  # the draft is a candidate; auto is never the reference
+    assert parse_method("a=dw:proposer=auto,calibration=humaneval:3-4", DEFAULTS).calibration == "humaneval:3-4"
+    with pytest.raises(MethodError, match="calibration= configures proposer=auto"):
+        parse_method("a=dw:proposer=none,calibration=humaneval:0-1", DEFAULTS)
+    with pytest.raises(MethodError, match="drop --gate"):
+        parse_method("a=dw:proposer=auto,gate=auto", DEFAULTS)
+    with pytest.raises(MethodError, match="no proposer fits"):  # rejection sampling needs q: no lookup proposer has it
+        parse_method("a=dw:proposer=auto,verifier=rejection", DEFAULTS)

@@ -18,6 +18,8 @@ from draftwise.bench.methods import MethodSpec
 from draftwise.bench.outputs import EmitClock, TurnOutput
 from draftwise.bench.pool import ModelPool
 from draftwise.build import build_decoder, tree_leaves_needed
+from draftwise.models import cache_dir
+from draftwise.optimize.auto_proposer import auto_preflight, choose_for_workload
 from draftwise.engine import GenerationConfig
 from draftwise.stats import PHASES
 
@@ -70,9 +72,16 @@ class DraftwiseExecutor:
 def prepare(method: MethodSpec, pool: ModelPool, generation: GenerationConfig) -> Executor:
     """Load (or reuse) what `method` needs; raises ModelUnavailable or ImportError with the reason."""
     if method.kind == "dw":
-        target = pool.backend(method.target, method.backend, leaves=tree_leaves_needed(method.decoder))
+        auto = method.decoder.proposer == "auto"
+        leaves = auto_preflight(method.decoder) if auto else tree_leaves_needed(method.decoder)
+        target = pool.backend(method.target, method.backend, leaves=leaves)
         draft_leaves = 0 if method.decoder.tree is None else method.decoder.generation.limits.max_nodes
         draft = pool.backend(method.draft, method.backend, role="draft", leaves=draft_leaves) if method.draft else None
+        if auto:  # the answers record what was chosen: describe() reads the resolved decoder
+            choice = choose_for_workload(method.decoder, target, draft,
+                                         method.calibration, cache_dir().parent / "auto", pool.say)
+            pool.say(f"{method.name}: proposer auto\n{choice.table()}")
+            method = replace(method, decoder=choice.spec, draft=method.draft if choice.spec.proposer == "draft-model" else None)
         return DraftwiseExecutor(method, target, draft)
     from draftwise.bench.peers import HfExecutor, LlamaCppExecutor
 

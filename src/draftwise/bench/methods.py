@@ -7,13 +7,14 @@ CONFIG is one of
 `NAME=` may be left out; the name is then CONFIG itself.
 
 Keys of dw (defaults are the library's own, from DecoderSpec and the component configs):
-    proposer  none | prompt-lookup | draft-model | rest      backend  auto | transformers | llamacpp
+    proposer  none | prompt-lookup | draft-model | rest | auto    backend  auto | transformers | llamacpp
     verifier  auto | greedy | membership | ...               target, draft  model names (default --target/--draft)
     k, confidence                draft chain length and confidence stop
     tree, relation               draft tree template (wbd:2,2,1) and how children are drawn
     lookup, ngram, candidates    prompt-lookup tokens, max n-gram, continuations (tree when > 1)
     index                        REST datastore          max_nodes, max_depth   tree limits
     gate                         cost gate: auto or a verify_profile directory
+    calibration                  proposer=auto: the workload its plain traces come from (default humaneval:0-1)
     exact                        false permits a heuristic verifier
 Keys of peers: target; draft (hf-assisted); tokens (prompt-lookup peers, default 10).
 
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from draftwise.build import BACKENDS, PROPOSERS, DecoderSpec, choose_backend, planned_contracts, preflight
 from draftwise.engine import GenerationConfig
+from draftwise.optimize.auto_proposer import CALIBRATION_WORKLOAD, auto_preflight
 from draftwise.models import resolve
 from draftwise.topology.compile import TreeLimits
 
@@ -37,7 +39,7 @@ PEERS = ("hf-plain", "hf-assisted", "hf-prompt-lookup", "llamacpp-plain", "llama
 PEER_BACKEND = {p: ("transformers" if p.startswith("hf-") else "llamacpp") for p in PEERS}
 PEER_LOOKUP_TOKENS = 10  # transformers' and llama-cpp-python's usual prompt-lookup length
 _DW_KEYS = {"proposer", "backend", "verifier", "target", "draft", "k", "confidence", "tree", "relation", "lookup",
-            "ngram", "candidates", "index", "max_nodes", "max_depth", "exact", "gate"}
+            "ngram", "candidates", "index", "max_nodes", "max_depth", "exact", "gate", "calibration"}
 _PEER_KEYS = {"hf-plain": {"target"}, "hf-assisted": {"target", "draft"}, "hf-prompt-lookup": {"target", "tokens"},
               "llamacpp-plain": {"target"}, "llamacpp-prompt-lookup": {"target", "tokens"}}
 
@@ -68,6 +70,7 @@ class MethodSpec:
     draft: str | None = None
     decoder: DecoderSpec | None = None  # dw only
     lookup_tokens: int = PEER_LOOKUP_TOKENS  # prompt-lookup peers only
+    calibration: str = CALIBRATION_WORKLOAD  # dw with proposer=auto only: where its plain traces come from
 
     @property
     def is_plain(self) -> bool:
@@ -217,20 +220,27 @@ def _dw_method(name: str, values: dict[str, str], defaults: MethodDefaults) -> M
             gate=values.get("gate"),
             generation=replace(gen, limits=limits, exact=_bool(values, "exact", gen.exact)),
         )
-        if spec.proposer not in PROPOSERS:  # planned_contracts reads anything unknown as REST
-            raise MethodError(f"method {name!r}: unknown proposer {spec.proposer!r}; choose {', '.join(PROPOSERS)}")
+        if "calibration" in values and spec.proposer != "auto":
+            raise MethodError(f"method {name!r}: calibration= configures proposer=auto, not {spec.proposer}")
+        if spec.proposer not in (*PROPOSERS, "auto"):  # planned_contracts reads anything unknown as REST
+            raise MethodError(f"method {name!r}: unknown proposer {spec.proposer!r}; "
+                              f"choose {', '.join(PROPOSERS)} or auto")
         if spec.backend not in BACKENDS:
             raise MethodError(f"method {name!r}: unknown backend {spec.backend!r}; choose {', '.join(BACKENDS)}")
         if spec.proposer == "draft-model" and not spec.draft:
             raise MethodError(f"method {name!r}: proposer=draft-model needs draft=MODEL (or --draft)")
-        planned_contracts(spec)  # unknown proposer, bad tree template, bad relation
-        preflight(spec)  # verifier refuses the contracts before any model is loaded
+        if spec.proposer == "auto":
+            auto_preflight(spec)  # every candidate against the verifier, before any model is loaded
+        else:
+            planned_contracts(spec)  # unknown proposer, bad tree template, bad relation
+            preflight(spec)  # verifier refuses the contracts before any model is loaded
     except MethodError:
         raise
     except ValueError as exc:
         raise MethodError(f"method {name!r}: {exc}") from exc
     return MethodSpec(name=name, kind="dw", backend=spec.backend, target=target,
-                      draft=draft if spec.proposer == "draft-model" else None, decoder=spec)
+                      draft=draft if spec.proposer in ("draft-model", "auto") else None, decoder=spec,
+                      calibration=values.get("calibration", CALIBRATION_WORKLOAD))
 
 
 def _peer_method(name: str, kind: str, values: dict[str, str], defaults: MethodDefaults) -> MethodSpec:

@@ -29,6 +29,10 @@ class ModelPool:
         self._loaded: dict[tuple, object] = {}
         self._failed: dict[tuple, str] = {}
 
+    def say(self, message: str) -> None:
+        """Progress for the run's console (model loads, what an automatic method chose)."""
+        self._say(message)
+
     def backend(self, model: str, kind: str, role: str = "target", leaves: int = 64) -> Backend:
         """A draftwise backend ('transformers' or 'llamacpp') for `model`.  Targets and drafts are
         separate objects even for the same model: a backend holds one KV cache, and a draft

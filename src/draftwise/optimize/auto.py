@@ -55,7 +55,7 @@ def configuration_key(target: Backend, draft: Backend, policy: SamplingPolicy, c
     }
 
 
-def _valid(directory: Path, kind: str, check: Callable[[dict], bool]) -> bool:
+def artifact_matches(directory: Path, kind: str, check: Callable[[dict], bool]) -> bool:
     try:
         return check(dict(read_manifest(directory, kind=kind).provenance))
     except ArtifactError:
@@ -67,7 +67,7 @@ def ensure_profile(target: Backend, directory: Path, rows: Sequence[int], prefix
     """The verify profile in `directory`, measured now unless a valid one for this target and
     backend covering `rows` is there already."""
     wanted = [int(n) for n in rows]
-    if not _valid(directory, "verify_profile",
+    if not artifact_matches(directory, "verify_profile",
                   lambda p: p.get("model") == target.info.checkpoint and p.get("backend") == target.info.name):
         shutil.rmtree(directory, ignore_errors=True)
     else:
@@ -92,12 +92,18 @@ def auto_gate_profile(target: Backend, max_rows: int, cache_root: Path, config: 
     """`--gate auto`: the target's verify profile over 1..max_rows, of chains or of trees (the
     shape the configuration verifies: llama.cpp runs chains on a cheaper path, and a chain-only
     context cannot verify a tree), cached per target, backend, thread count and shape."""
+    directory = auto_gate_directory(target, max_rows, cache_root, config, chain)
+    return ensure_profile(target, directory, gate_rows(max_rows), config.profile_prefix_len, config.profile_repeats,
+                          progress or (lambda message: None), chain)
+
+
+def auto_gate_directory(target: Backend, max_rows: int, cache_root: Path, config: AutoTreeConfig = AutoTreeConfig(),
+                        chain: bool = False) -> Path:
+    """Where `auto_gate_profile` keeps the profile: per target, backend, thread count and shape."""
     key = {"target": target.info.checkpoint, "tokenizer_hash": target.info.tokenizer_hash, "backend": target.info.name,
            "threads": getattr(target, "n_threads", None), "prefix_len": config.profile_prefix_len,
            "shape": "chain" if chain else "tree"}
-    directory = Path(cache_root) / "gate" / stable_hash(key)[:20] / f"rows-{max_rows}"
-    return ensure_profile(target, directory, gate_rows(max_rows), config.profile_prefix_len, config.profile_repeats,
-                          progress or (lambda message: None), chain)
+    return Path(cache_root) / "gate" / stable_hash(key)[:20] / f"rows-{max_rows}"
 
 
 def auto_tree(
@@ -117,7 +123,7 @@ def auto_tree(
 
     ensure_profile(target, profile_dir, tuple(range(1, config.max_nodes + 1)), config.profile_prefix_len,
                    config.profile_repeats, say)
-    if not _valid(acceptance_dir, "acceptance",
+    if not artifact_matches(acceptance_dir, "acceptance",
                   lambda p: p.get("policy") == policy.as_dict() and p.get("target") == target.info.checkpoint):
         say(f"calibrating {draft.info.checkpoint} on {len(calibration_prompts)} prompts (width {config.width})")
         shutil.rmtree(acceptance_dir, ignore_errors=True)

@@ -1,0 +1,220 @@
+"""`--proposer auto`: the proposer (and whether to gate it) with the best predicted time per
+committed token on this target, backend and machine.
+
+Candidates: plain decoding; prompt lookup and, with an index, REST, each with and without
+the cost gate; with a draft model under greedy decoding, its chain.  Each is replayed
+(`replay.py`) on plain traces of the calibration prompts, and its time predicted from the
+traces' measured steps, the measured verify profile t(n) and the proposer's own measured
+time.  Two artifacts are measured on first use and cached, keyed by everything they depend
+on (another model, backend, thread count, sampling policy, prompt set or generation length
+lands in another directory; a tampered one is measured again):
+
+    traces    the target decoding every calibration prompt alone (tokens + timings)
+    profile   t(n) over every row count a candidate can verify, of the shape the loaded
+              context verifies (the gated candidates' gate reads the same directory)
+
+A candidate the requested verifier cannot bind to, or that the replay cannot predict (a
+draft model when sampling: its verifier accepts with min(1, p/q)), is listed as skipped
+with the reason, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Sequence
+
+from draftwise.artifacts import read_manifest, stable_hash, write_manifest
+from draftwise.backends.base import Backend
+from draftwise.build import (DecoderSpec, build_decoder, fitted_generation, make_proposers, preflight,
+                             proposal_shape, tree_leaves_needed)
+from draftwise.engine import GenerationConfig
+from draftwise.gate import CostGateConfig
+from draftwise.optimize.auto import AutoTreeConfig, artifact_matches, auto_gate_directory, ensure_profile, gate_rows
+from draftwise.optimize.hardware import VerifyCostProfile
+from draftwise.optimize.replay import Trace, predicted_seconds, replay, trace_from_records
+
+TRACES_KIND = "plain_traces"
+TRACES_FILE = "traces.json"
+TRACE_TOKENS = 64  # new tokens per calibration prompt: prompt lookup pays off late in a generation
+CALIBRATION_WORKLOAD = "humaneval:0-1"  # the prompts `--proposer auto` and `--tree auto` calibrate on
+
+
+@dataclass(frozen=True)
+class CandidateScore:
+    name: str
+    seconds_per_token: float  # predicted, over all calibration prompts
+    speedup: float  # plain's predicted seconds per token / this one's
+    mean_accepted: float  # accepted candidates per round after the first
+    rounds: int
+
+
+@dataclass(frozen=True)
+class ProposerChoice:
+    chosen: str
+    spec: DecoderSpec  # the configuration to decode with: a concrete proposer, gate resolved
+    scores: tuple[CandidateScore, ...]  # best first
+    skipped: tuple[tuple[str, str], ...]  # (candidate, why)
+    traces_directory: Path
+    profile_directory: Path
+
+    def table(self) -> str:
+        lines = [f"{'candidate':<22} {'s/token':>9} {'speedup':>8} {'accepted':>9}"]
+        for s in self.scores:
+            mark = "  <- chosen" if s.name == self.chosen else ""
+            lines.append(f"{s.name:<22} {s.seconds_per_token:>9.4f} {s.speedup:>7.2f}x {s.mean_accepted:>9.2f}{mark}")
+        lines += [f"{name:<22} skipped: {why}" for name, why in self.skipped]
+        return "\n".join(lines)
+
+
+def candidate_specs(spec: DecoderSpec, has_draft: bool) -> tuple[list[tuple[str, DecoderSpec]], list[tuple[str, str]]]:
+    """(name, spec with gate "auto" standing for the shared profile) for every candidate, and
+    the skipped ones with their reason.  Settings the user gave (lookup length, index, draft
+    k, verifier, limits) carry into every candidate."""
+    base = replace(spec, proposer="none", gate=None, tree=None)
+    named = [("plain", base)]
+    for proposer in ("prompt-lookup", "rest"):
+        if proposer == "rest" and not spec.index:
+            continue
+        named += [(proposer, replace(base, proposer=proposer)), (f"{proposer}+gate", replace(base, proposer=proposer, gate="auto"))]
+    skipped: list[tuple[str, str]] = []
+    if has_draft:
+        if spec.generation.policy.greedy:
+            named.append(("draft-model", replace(base, proposer="draft-model")))
+        else:
+            skipped.append(("draft-model", "a sampling draft is accepted with min(1, p/q), which a trace cannot "
+                                           "replay; choose its tree with --proposer draft-model --tree auto"))
+    kept = []
+    for name, candidate in named:
+        try:
+            preflight(candidate)
+        except ValueError as exc:  # contract, policy and verifier errors are all ValueErrors
+            skipped.append((name, str(exc)))
+            continue
+        kept.append((name, candidate))
+    return kept, skipped
+
+
+def auto_preflight(spec: DecoderSpec) -> int:
+    """Refuse what `--proposer auto` cannot combine with, before any model is loaded; return
+    the leaf sequences the target's context must hold for every candidate."""
+    if spec.gate is not None or spec.tree is not None:
+        raise ValueError("--proposer auto tries each proposer with and without the cost gate, draft chains only; "
+                         "drop --gate and --tree (or pick the proposer yourself)")
+    kept, skipped = candidate_specs(spec, has_draft=False)
+    if len(kept) == 1 and skipped:  # plain decoding alone is left: say why the others went
+        raise ValueError("--proposer auto: no proposer fits; " + "; ".join(f"{n}: {why}" for n, why in skipped))
+    return max(tree_leaves_needed(candidate) for _, candidate in kept)
+
+
+def choose_for_workload(spec: DecoderSpec, target: Backend, draft: Backend | None, workload: str, cache_root: Path,
+                        progress: Callable[[str], None] | None = None) -> ProposerChoice:
+    """`choose_proposer` on the first turns of a workload spec (humaneval:0-1, specbench:PATH:N, ...)."""
+    from draftwise.bench.workloads import messages_for, parse_workload
+
+    prompts = [target.chat_prompt(messages_for(q, 0, [])) for q in parse_workload(workload).questions]
+    return choose_proposer(spec, target, draft, prompts, cache_root, progress)
+
+
+def trace_key(target: Backend, prompts: Sequence[Sequence[int]], generation: GenerationConfig) -> dict:
+    return {
+        "target": target.info.checkpoint,
+        "tokenizer_hash": target.info.tokenizer_hash,
+        "backend": target.info.name,
+        "threads": getattr(target, "n_threads", None),
+        "policy": generation.policy.as_dict(),
+        "seed": generation.seed,
+        "max_new_tokens": generation.max_new_tokens,
+        "stop_strings": list(generation.stop_strings),
+        "prompts": stable_hash([list(map(int, p)) for p in prompts]),
+    }
+
+
+def ensure_traces(target: Backend, prompts: Sequence[Sequence[int]], generation: GenerationConfig, directory: Path,
+                  say: Callable[[str], None]) -> list[Trace]:
+    """Plain traces of `prompts`, decoded now unless a valid cached set for the same key is there."""
+    key = trace_key(target, prompts, generation)
+    if artifact_matches(directory, TRACES_KIND, lambda p: p == key):
+        body = json.loads((directory / TRACES_FILE).read_text())
+        return [Trace.from_dict(t) for t in body["traces"]]
+    shutil.rmtree(directory, ignore_errors=True)
+    decoder = build_decoder(DecoderSpec(proposer="none", generation=generation), target)
+    traces = []
+    for i, prompt in enumerate(prompts, 1):
+        say(f"plain trace {i}/{len(prompts)} ({generation.max_new_tokens} new tokens)")
+        result = decoder.generate(prompt)
+        seconds = [sum(r.seconds.values()) for r in result.records]  # [rounds], one token each
+        traces.append(trace_from_records(prompt, result.tokens, seconds))
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / TRACES_FILE).write_text(json.dumps({"traces": [t.as_dict() for t in traces]}) + "\n")
+    write_manifest(directory, TRACES_KIND, key)
+    return traces
+
+
+def choose_proposer(
+    spec: DecoderSpec,
+    target: Backend,
+    draft: Backend | None,
+    prompts: Sequence[Sequence[int]],
+    cache_root: Path,
+    progress: Callable[[str], None] | None = None,
+    trace_tokens: int = TRACE_TOKENS,
+    profile_config: AutoTreeConfig = AutoTreeConfig(),
+) -> ProposerChoice:
+    """Replay every candidate on the calibration traces and pick the fastest predicted."""
+    say = progress or (lambda message: None)
+    if not prompts:
+        raise ValueError("--proposer auto needs at least one calibration prompt")
+    candidates, skipped = candidate_specs(spec, draft is not None)
+    generation = replace(spec.generation, max_new_tokens=trace_tokens)
+    traces_dir = Path(cache_root) / "traces" / stable_hash(trace_key(target, prompts, generation))[:20]
+    traces = ensure_traces(target, prompts, generation, traces_dir, say)
+
+    max_rows = max(1 + _candidate_rows(c) for _, c in candidates)
+    chain = all(tree_leaves_needed(c) == 0 for _, c in candidates)
+    profile_dir = auto_gate_directory(target, max_rows, cache_root, profile_config, chain)
+    profile = ensure_profile(target, profile_dir, gate_rows(max_rows), profile_config.profile_prefix_len,
+                             profile_config.profile_repeats, say, chain)
+
+    scored: list[tuple[str, DecoderSpec, float, float, int]] = []
+    for name, candidate in candidates:
+        if candidate.gate == "auto":
+            candidate = replace(candidate, gate=str(profile_dir))  # the gate reads the profile measured here
+        say(f"replaying {name} on {len(traces)} trace(s)")
+        limits = fitted_generation(candidate).limits
+        gate = CostGateConfig(profile) if candidate.gate else None
+        seconds = tokens = accepted = later_rounds = all_rounds = 0
+        for trace in traces:
+            proposers = make_proposers(candidate, target, draft)
+            rounds = replay(trace, proposers[0] if proposers else None, max_new_tokens=trace_tokens, limits=limits,
+                            context_length=target.info.context_length, gate=gate, policy=generation.policy,
+                            seed=generation.seed)
+            seconds += predicted_seconds(trace, rounds, profile)
+            tokens += len(trace.tokens)
+            accepted += sum(r.accepted for r in rounds[1:])
+            later_rounds += len(rounds) - 1
+            all_rounds += len(rounds)
+        scored.append((name, candidate, seconds / tokens, accepted / max(later_rounds, 1), all_rounds))
+    plain_rate = scored[0][2]  # candidate 0 is plain decoding
+    scores = sorted((CandidateScore(n, s, plain_rate / s, a, r) for n, _, s, a, r in scored),
+                    key=lambda c: c.seconds_per_token)  # stable: ties keep plain (listed first) ahead
+    chosen = scores[0].name
+    chosen_spec = next(c for n, c, *_ in scored if n == chosen)
+    return ProposerChoice(chosen, chosen_spec, tuple(scores), tuple(skipped), traces_dir, profile_dir)
+
+
+def _candidate_rows(spec: DecoderSpec) -> int:
+    """Candidate rows one round of `spec` can verify (REST: the tree limit, its tries vary)."""
+    if spec.proposer == "none":
+        return 0
+    nodes, _ = proposal_shape(spec)
+    limits = fitted_generation(spec).limits
+    return min(nodes, limits.max_nodes) if nodes else limits.max_nodes
+
+
+def read_traces(directory: Path) -> list[Trace]:
+    """The traces of a cached artifact, checksums verified (for reports and tests)."""
+    read_manifest(directory, kind=TRACES_KIND)
+    return [Trace.from_dict(t) for t in json.loads((Path(directory) / TRACES_FILE).read_text())["traces"]]

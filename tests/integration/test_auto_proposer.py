@@ -1,0 +1,129 @@
+"""`--proposer auto`: the replay reproduces the engine's rounds on the embedded model (greedy,
+prompt lookup chains and trees, with and without the gate, a draft chain), and the choice
+follows the measured cost: plain decoding where every wider round costs 100 plain steps,
+prompt lookup where rows are free.  Artifacts are measured once, reused, and measured again
+when tampered with."""
+
+import pytest
+
+from draftwise.build import DecoderSpec
+from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.gate import CostGateConfig
+from draftwise.optimize.auto import AutoTreeConfig, auto_gate_directory
+from draftwise.optimize.auto_proposer import choose_proposer
+from draftwise.optimize.hardware import VerifyCostProfile
+from draftwise.optimize.replay import replay, trace_from_records
+from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer
+from draftwise.proposers.prompt_lookup import PromptLookupConfig, PromptLookupProposer
+from draftwise.sampling import SamplingPolicy
+from draftwise.verify.registry import make_verifier
+from tests.integration.tiny_models import tiny_backend
+
+NEW = 32
+STEEP = [1.0] + [3.3] * 64  # this CPU's transformers shape: one row cheap, every wider round ~3.3 steps
+
+
+def profile(relative, model="smollm2-135m"):
+    return VerifyCostProfile(rows=tuple(range(1, len(relative) + 1)), relative=tuple(relative), absolute_s=None,
+                             model=model, backend="transformers", threads=2, machine="test")
+
+
+def shape(records):
+    return [(r.nodes, r.accepted, r.emitted, r.gated) for r in records]
+
+
+@pytest.fixture(scope="module")
+def traces(smol_target, spec_bench_prompts):
+    out = []
+    for text in spec_bench_prompts[:4]:
+        prompt = smol_target.chat_prompt([{"role": "user", "content": text}])
+        plain = SpeculativeDecoder(smol_target, [], make_verifier("auto", [], SamplingPolicy()),
+                                   GenerationConfig(max_new_tokens=NEW)).generate(prompt)
+        out.append(trace_from_records(prompt, plain.tokens, [sum(r.seconds.values()) for r in plain.records]))
+    return out
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("candidates,relative", [(1, None), (4, None), (1, STEEP), (4, STEEP)])
+def test_the_replay_is_the_engines_rounds_for_prompt_lookup(smol_target, traces, candidates, relative):
+    gate = None if relative is None else CostGateConfig(profile(relative))
+    config = GenerationConfig(max_new_tokens=NEW, gate=gate)
+    lookup = PromptLookupConfig(max_candidates=candidates)
+    gated = 0
+    for trace in traces:
+        proposer = PromptLookupProposer(lookup)
+        result = SpeculativeDecoder(smol_target, [proposer], make_verifier("auto", [proposer.contract], config.policy),
+                                    config).generate(list(trace.prompt))
+        assert result.tokens == trace.tokens
+        replayed = replay(trace, PromptLookupProposer(lookup), max_new_tokens=NEW, limits=config.limits,
+                          context_length=smol_target.info.context_length, gate=gate)
+        assert shape(replayed) == shape(result.records)
+        gated += sum(r.gated for r in replayed)
+    assert (gated > 0) == (relative is not None)  # the steep profile made the gate cut somewhere
+
+
+@pytest.mark.model
+def test_the_replay_is_the_engines_rounds_for_a_greedy_draft_chain(smol_target, smol_draft, traces):
+    config = GenerationConfig(max_new_tokens=NEW)
+    draft = DraftConfig(k=4)
+    trace = traces[0]
+    proposer = DraftModelProposer(smol_draft, smol_target.info.tokenizer_hash, draft)
+    result = SpeculativeDecoder(smol_target, [proposer], make_verifier("auto", [proposer.contract], config.policy),
+                                config).generate(list(trace.prompt))
+    replayed = replay(trace, DraftModelProposer(smol_draft, smol_target.info.tokenizer_hash, draft),
+                      max_new_tokens=NEW, limits=config.limits, context_length=smol_target.info.context_length)
+    assert shape(replayed) == shape(result.records)
+    assert all(r.propose_s > 0 for r in replayed[:-1])  # the draft's own time is measured, not modelled
+
+
+CONFIG = AutoTreeConfig(profile_prefix_len=16, profile_repeats=1)
+PROMPTS = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 6, 7, 4, 5]]
+SPEC = DecoderSpec(proposer="auto", generation=GenerationConfig(max_new_tokens=24))
+
+
+def choose(target, cache, spec=SPEC, draft=None):
+    messages: list[str] = []
+    choice = choose_proposer(spec, target, draft, PROMPTS, cache, progress=messages.append, trace_tokens=24,
+                             profile_config=CONFIG)
+    return choice, " ".join(messages)
+
+
+def test_auto_proposer_measures_once_reuses_and_remeasures_what_was_tampered_with(tmp_path):
+    target = tiny_backend(0)
+    first, log = choose(target, tmp_path)
+    assert "plain trace" in log and "measuring" in log
+    assert [s.name for s in first.scores if s.name == "plain"] == ["plain"]
+    assert {s.name for s in first.scores} == {"plain", "prompt-lookup", "prompt-lookup+gate"}
+    assert first.spec.proposer in ("none", "prompt-lookup") and first.chosen == first.scores[0].name
+    assert first.scores[0].seconds_per_token == min(s.seconds_per_token for s in first.scores)
+
+    again, log = choose(target, tmp_path)
+    assert "plain trace" not in log and "measuring" not in log
+    assert again.traces_directory == first.traces_directory
+
+    data = first.traces_directory / "traces.json"
+    data.write_text(data.read_text().replace("[", "[ ", 1))  # same JSON, different bytes: not trusted
+    _, log = choose(target, tmp_path)
+    assert "plain trace" in log and "measuring" not in log
+
+    sampled, log = choose(target, tmp_path, DecoderSpec(generation=GenerationConfig(policy=SamplingPolicy(temperature=1.0))),
+                          draft=tiny_backend(1))
+    assert "plain trace" in log and sampled.traces_directory != first.traces_directory
+    assert [name for name, _ in sampled.skipped] == ["draft-model"]  # said, with the reason, not dropped
+
+
+@pytest.mark.parametrize("relative,expected", [([1.0] + [100.0] * 10, {"plain"}),
+                                               ([1.0] * 11, {"prompt-lookup", "prompt-lookup+gate"})])
+def test_the_choice_follows_the_verify_cost(tmp_path, relative, expected):
+    target = tiny_backend(0)
+    directory = auto_gate_directory(target, 11, tmp_path, CONFIG, chain=True)  # prompt lookup: 10-token chains
+    profile(relative, model=target.info.checkpoint).save(directory)
+    choice, log = choose(target, tmp_path)
+    assert "measuring" not in log  # the hand-written profile was used
+    assert choice.chosen in expected, choice.table()
+    plain = next(s for s in choice.scores if s.name == "plain")
+    assert plain.speedup == 1.0 and plain.mean_accepted == 0.0
+    if choice.chosen != "plain":
+        assert choice.scores[0].speedup > 1.0 and choice.scores[0].mean_accepted > 0
+        if choice.chosen.endswith("+gate"):
+            assert choice.spec.gate == str(directory)  # the chosen gate reads the profile it was predicted with

@@ -1,0 +1,89 @@
+"""Replaying rounds on a plain trace: hand-worked prompt-lookup rounds, the generation limit,
+an EOS accepted from a proposal, the gate, and the time prediction's arithmetic."""
+
+import pytest
+
+from draftwise.gate import CostGateConfig
+from draftwise.optimize.hardware import VerifyCostProfile
+from draftwise.optimize.replay import ReplayedRound, Trace, accepted_along, predicted_seconds, replay, trace_from_records
+from draftwise.proposers.prompt_lookup import PromptLookupProposer
+from draftwise.topology.compile import TreeLimits, compile_round
+from draftwise.contracts import ProbabilitySemantics, ProposalNode, ProposalResult, ProposerContract, SamplingRelation, TopologyKind
+
+PROMPT = (1, 2, 3, 4, 5, 1, 2)
+TOKENS = (3, 4, 5, 9, 1, 2, 3, 8, 8, 8)
+
+
+def trace(tokens=TOKENS):
+    return Trace(PROMPT, tuple(tokens), first_round_s=2.0, step_s=0.5)
+
+
+def profile(relative):
+    return VerifyCostProfile(rows=tuple(range(1, len(relative) + 1)), relative=tuple(relative), absolute_s=None,
+                             model="m", backend="transformers", threads=2, machine="test")
+
+
+def shape(rounds):
+    return [(r.nodes, r.accepted, r.emitted, r.gated) for r in rounds]
+
+
+def run(tokens=TOKENS, max_new_tokens=10, gate=None):
+    return replay(trace(tokens), PromptLookupProposer(), max_new_tokens=max_new_tokens, limits=TreeLimits(),
+                  context_length=100, gate=gate)
+
+
+def test_prompt_lookup_rounds_worked_by_hand():
+    # round 1: [1, 2] first occurs at 0 -> [3, 4, 5, 1, 2] (the prompt ends there); the trace
+    #   takes 3, 4, 5, then 9 (bonus)
+    # round 2: neither [5, 9] nor [9] occurred before -> a one-row step (token 1)
+    # round 3: [9, 1] no, [1] first at 0 -> [2, 3, 4, 5] (depth cut to 10 - 5 - 1 = 4); 2, 3 accepted, 8 bonus
+    # round 4: [3, 8] and [8] never occurred -> one row; round 5: one token left, nothing can be verified
+    assert shape(run()) == [(5, 3, 4, False), (0, 0, 1, False), (4, 2, 3, False), (0, 0, 1, False), (0, 0, 1, False)]
+
+
+def test_a_replay_never_passes_the_generation_limit():
+    rounds = run(tokens=TOKENS[:5], max_new_tokens=5)
+    assert shape(rounds) == [(4, 3, 4, False), (0, 0, 1, False)]  # round 1's depth cut to 5 - 0 - 1 = 4
+    with pytest.raises(ValueError, match="more than max_new_tokens"):
+        run(max_new_tokens=9)
+
+
+def test_an_eos_accepted_from_the_proposal_ends_the_replay_there():
+    eos_trace = (3, 4, 5)  # the target ended after 3 tokens (say 5 is EOS); the proposal offered 3, 4, 5, 1, 2
+    assert shape(run(tokens=eos_trace)) == [(5, 3, 3, False)]
+
+
+def test_the_gate_is_replayed_cutting_where_no_round_pays():
+    steep = run(gate=CostGateConfig(profile([1.0] + [100.0] * 15)))
+    assert steep[0].nodes == 5  # round 1 reads the prompt: never gated
+    assert all(r.nodes == 0 for r in steep[1:]) and any(r.gated for r in steep)
+    assert sum(r.emitted for r in steep) == len(TOKENS)
+    flat = run(gate=CostGateConfig(profile([1.0] * 16)))
+    assert shape(flat) == shape(run())
+
+
+def test_accepted_along_follows_the_matching_child_at_every_depth():
+    contract = ProposerContract(ProbabilitySemantics.ABSENT, SamplingRelation.DETERMINISTIC_LOOKUP, TopologyKind.TREE)
+    nodes = (ProposalNode(7, -1, 1), ProposalNode(8, -1, 1), ProposalNode(9, 1, 2), ProposalNode(6, 2, 3))
+    round_ = compile_round(5, [ProposalResult(nodes=nodes, contract=contract, source="t", manifest_hash="h")])
+    assert accepted_along(round_, [8, 9, 6, 1]) == 3
+    assert accepted_along(round_, [7, 9]) == 1  # 9 sits under 8, not under 7
+    assert accepted_along(round_, [5]) == 0 and accepted_along(round_, []) == 0
+
+
+def test_predicted_seconds_add_round_one_the_profile_and_the_proposer():
+    rounds = [ReplayedRound(4, 3, 4, False, 0.01), ReplayedRound(0, 0, 1, False, 0.0),
+              ReplayedRound(2, 1, 2, True, 0.02)]
+    # 2.0 (round 1 as measured) + 0.5 * t(1) + 0.5 * t(3) + proposing
+    assert predicted_seconds(trace(), rounds, profile([1.0, 1.5, 2.0, 2.5, 3.0])) == pytest.approx(
+        2.0 + 0.5 * 1.0 + 0.5 * 2.0 + 0.03)
+    with pytest.raises(ValueError):  # a round wider than the profile measured is refused, not extrapolated
+        predicted_seconds(trace(), [rounds[0], ReplayedRound(9, 0, 1, False, 0.0)], profile([1.0, 1.5]))
+
+
+def test_a_trace_from_records_takes_round_one_and_the_median_step():
+    made = trace_from_records([1, 2], [5, 6, 7, 8], [3.0, 0.5, 0.7, 0.6])
+    assert (made.first_round_s, made.step_s) == (3.0, 0.6)
+    assert Trace.from_dict(made.as_dict()) == made
+    with pytest.raises(ValueError):
+        Trace((1,), (), 1.0, 1.0)
