@@ -49,6 +49,7 @@ class CandidateScore:
     speedup: float  # plain's predicted seconds per token / this one's
     mean_accepted: float  # accepted candidates per round after the first
     rounds: int
+    tokens_per_s: tuple[float, ...]  # [traces] predicted, per calibration prompt (Spec-Bench averages these)
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,7 @@ def choose_proposer(
     profile = ensure_profile(target, profile_dir, gate_rows(max_rows), profile_config.profile_prefix_len,
                              profile_config.profile_repeats, say, chain)
 
-    scored: list[tuple[str, DecoderSpec, float, float, int]] = []
+    scored: list[tuple[str, DecoderSpec, float, float, int, tuple[float, ...]]] = []
     for name, candidate in candidates:
         if candidate.gate == "auto":
             candidate = replace(candidate, gate=str(profile_dir))  # the gate reads the profile measured here
@@ -186,19 +187,22 @@ def choose_proposer(
         limits = fitted_generation(candidate).limits
         gate = CostGateConfig(profile) if candidate.gate else None
         seconds = tokens = accepted = later_rounds = all_rounds = 0
+        per_trace: list[float] = []
         for trace in traces:
             proposers = make_proposers(candidate, target, draft)
             rounds = replay(trace, proposers[0] if proposers else None, max_new_tokens=trace_tokens, limits=limits,
                             context_length=target.info.context_length, gate=gate, policy=generation.policy,
                             seed=generation.seed)
-            seconds += predicted_seconds(trace, rounds, profile)
+            predicted = predicted_seconds(trace, rounds, profile)
+            per_trace.append(len(trace.tokens) / predicted)
+            seconds += predicted
             tokens += len(trace.tokens)
             accepted += sum(r.accepted for r in rounds[1:])
             later_rounds += len(rounds) - 1
             all_rounds += len(rounds)
-        scored.append((name, candidate, seconds / tokens, accepted / max(later_rounds, 1), all_rounds))
+        scored.append((name, candidate, seconds / tokens, accepted / max(later_rounds, 1), all_rounds, tuple(per_trace)))
     plain_rate = scored[0][2]  # candidate 0 is plain decoding
-    scores = sorted((CandidateScore(n, s, plain_rate / s, a, r) for n, _, s, a, r in scored),
+    scores = sorted((CandidateScore(n, s, plain_rate / s, a, r, t) for n, _, s, a, r, t in scored),
                     key=lambda c: c.seconds_per_token)  # stable: ties keep plain (listed first) ahead
     chosen = scores[0].name
     chosen_spec = next(c for n, c, *_ in scored if n == chosen)
