@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 6 decoding benchmark: REST vs plain decoding vs prompt lookup on the Qwen pair, greedy,
 # 128 new tokens, in two runs: HumanEval 0-19 with the code datastore, and the Spec-Bench
-# development split (all categories) with the chat datastore.  BACKEND picks the backend
+# development split (all categories) with the chat datastore; prompt lookup and REST each with and
+# without the cost gate.  BACKEND picks the backend
 # (default llamacpp, the fastest plain decoder on this machine); WORKLOAD_CODE / WORKLOAD_CHAT
 # narrow the workloads (e.g. specbench:PATH:40 for 40 stratified questions); extra flags
 # (e.g. --resume) go to both runs.  Indexes: see benchmarks/index/README.md.
@@ -16,7 +17,9 @@ run() {  # run OUT WORKLOAD INDEX [flags]
     --out "$out" \
     --method plain=dw:proposer=none,backend=$backend \
     --method prompt-lookup=dw:proposer=prompt-lookup,backend=$backend \
-    --method rest=dw:proposer=rest,backend=$backend,index=$index "$@"
+    --method prompt-lookup-gate=dw:proposer=prompt-lookup,backend=$backend,gate=auto \
+    --method rest=dw:proposer=rest,backend=$backend,index=$index \
+    --method rest-gate=dw:proposer=rest,backend=$backend,index=$index,gate=auto "$@"
 }
 run "benchmarks/rest_decoding_code_$backend" "${WORKLOAD_CODE:-humaneval:0-19}" "$indexes/code" "$@"
 run "benchmarks/rest_decoding_chat_$backend" "${WORKLOAD_CHAT:-specbench:../shared/data/spec_bench/question.jsonl}" \
