@@ -76,6 +76,26 @@ def test_the_replay_is_the_engines_rounds_for_a_greedy_draft_chain(smol_target, 
     assert all(r.propose_s > 0 for r in replayed[:-1])  # the draft's own time is measured, not modelled
 
 
+@pytest.mark.model
+@pytest.mark.parametrize("relative", [None, STEEP])
+def test_the_replay_is_the_engines_rounds_for_rest_trees(smol_target, traces, relative, tmp_path):
+    from draftwise.proposers.retrieval.index import build_from_token_documents
+    from draftwise.proposers.retrieval.proposer import RestProposer
+
+    # a datastore holding the answers themselves: deep tries, taken in part
+    build_from_token_documents([list(t.tokens) for t in traces], tmp_path / "idx", smol_target.info.vocab_size,
+                               smol_target.info.tokenizer_hash)
+    proposer = RestProposer.open(tmp_path / "idx", smol_target.info.tokenizer_hash)
+    gate = None if relative is None else CostGateConfig(profile(relative))
+    config = GenerationConfig(max_new_tokens=NEW, gate=gate)
+    for trace in traces[:2]:
+        result = SpeculativeDecoder(smol_target, [proposer], make_verifier("auto", [proposer.contract], config.policy),
+                                    config).generate(list(trace.prompt))
+        replayed = replay(trace, proposer, max_new_tokens=NEW, limits=config.limits,
+                          context_length=smol_target.info.context_length, gate=gate)
+        assert shape(replayed) == shape(result.records) and max(r.nodes for r in replayed) > 1
+
+
 CONFIG = AutoTreeConfig(profile_prefix_len=16, profile_repeats=1)
 PROMPTS = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 6, 7, 4, 5]]
 SPEC = DecoderSpec(proposer="auto", generation=GenerationConfig(max_new_tokens=24))

@@ -188,8 +188,8 @@ def choose_proposer(
         gate = CostGateConfig(profile) if candidate.gate else None
         seconds = tokens = accepted = later_rounds = all_rounds = 0
         per_trace: list[float] = []
+        proposers = make_proposers(candidate, target, draft)  # once: a REST index re-checks its checksums on open
         for trace in traces:
-            proposers = make_proposers(candidate, target, draft)
             rounds = replay(trace, proposers[0] if proposers else None, max_new_tokens=trace_tokens, limits=limits,
                             context_length=target.info.context_length, gate=gate, policy=generation.policy,
                             seed=generation.seed)
