@@ -26,14 +26,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from draftwise.artifacts import read_manifest, stable_hash, write_manifest
+from draftwise.artifacts import stable_hash, write_manifest
 from draftwise.backends.base import Backend
 from draftwise.build import (DecoderSpec, build_decoder, fitted_generation, make_proposers, preflight,
                              proposal_shape, tree_leaves_needed)
 from draftwise.engine import GenerationConfig
 from draftwise.gate import CostGateConfig
 from draftwise.optimize.auto import AutoTreeConfig, artifact_matches, auto_gate_directory, ensure_profile, gate_rows
-from draftwise.optimize.hardware import VerifyCostProfile
 from draftwise.optimize.replay import Trace, predicted_seconds, replay, trace_from_records
 
 TRACES_KIND = "plain_traces"
@@ -217,8 +216,3 @@ def _candidate_rows(spec: DecoderSpec) -> int:
     limits = fitted_generation(spec).limits
     return min(nodes, limits.max_nodes) if nodes else limits.max_nodes
 
-
-def read_traces(directory: Path) -> list[Trace]:
-    """The traces of a cached artifact, checksums verified (for reports and tests)."""
-    read_manifest(directory, kind=TRACES_KIND)
-    return [Trace.from_dict(t) for t in json.loads((Path(directory) / TRACES_FILE).read_text())["traces"]]
