@@ -1,14 +1,17 @@
-"""`--proposer auto`'s predictions against speedups measured by `draftwise bench`.
+"""Replay predictions against speedups measured by `draftwise bench`.
 
-For a committed bench run (a results directory), decode the same prompts plainly once on the
-same backend and settings (the traces `--proposer auto` uses), replay every candidate on them,
-and set the predicted speedup (Spec-Bench's: per-prompt tok/s averaged, over plain's) beside
-the measured one of the method that runs that configuration.  Then ask what `--proposer auto`
-picks from its default calibration prompts, and how the pick measured.
+Takes a committed bench run (a results directory): decodes its prompts plainly once on the
+same backend and settings (the traces `--proposer auto` uses), replays every draftwise method
+of the run that a trace can replay (plain, prompt lookup, REST, a greedy draft chain; gated or
+not), and sets each predicted speedup (Spec-Bench's: per-prompt tok/s averaged, over plain's)
+beside the measured one.  `--as PEER=CONFIG` predicts a peer as the draftwise configuration
+that does the same work (transformers' prompt lookup = dw prompt lookup, round for round).
+Then it asks `--proposer auto` what it picks from its default calibration prompts, and reads
+how that configuration measured.
 
-    .venv/bin/python benchmarks/auto_proposer/predict_vs_measured.py --backend llamacpp \\
-        --measured benchmarks/llamacpp_gate --workload humaneval:0-9 \\
-        --map plain=dw-plain --map prompt-lookup=dw-prompt-lookup --map prompt-lookup+gate=dw-prompt-lookup-gate
+    .venv/bin/python benchmarks/auto_proposer/predict_vs_measured.py --measured benchmarks/llamacpp_gate --backend llamacpp
+    .venv/bin/python benchmarks/auto_proposer/predict_vs_measured.py --measured benchmarks/transformers_gate \\
+        --backend transformers --workload humaneval:0-4 --as hf-prompt-lookup=dw:proposer=prompt-lookup
 """
 
 from __future__ import annotations
@@ -20,11 +23,18 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from draftwise.bench.workloads import messages_for, parse_workload
-from draftwise.build import DecoderSpec, load_backend
+from draftwise.bench.methods import MethodDefaults, parse_method
+from draftwise.bench.workloads import messages_for, parse_workloads
+from draftwise.build import DecoderSpec, load_backend, tree_leaves_needed
 from draftwise.engine import GenerationConfig
 from draftwise.models import cache_dir
-from draftwise.optimize.auto_proposer import CALIBRATION_WORKLOAD, auto_preflight, choose_proposer
+from draftwise.optimize.auto import AutoTreeConfig, auto_gate_directory, ensure_profile, gate_rows
+from draftwise.optimize.auto_proposer import (CALIBRATION_WORKLOAD, candidate_rows, choose_proposer, ensure_traces,
+                                              replay_candidate, trace_key)
+from draftwise.artifacts import stable_hash
+from draftwise.sampling import SamplingPolicy
+
+REPLAYABLE = ("none", "prompt-lookup", "rest", "draft-model")
 
 
 def measured_tokens_per_s(run: Path, method: str, ids: list[str]) -> list[float]:
@@ -37,92 +47,125 @@ def measured_tokens_per_s(run: Path, method: str, ids: list[str]) -> list[float]
     return [rows[i] for i in ids]
 
 
+def same_configuration(a: DecoderSpec, b: DecoderSpec) -> bool:
+    return (a.proposer, a.gate is not None, a.prompt_lookup, a.index) == (b.proposer, b.gate is not None,
+                                                                           b.prompt_lookup, b.index)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", required=True)
-    parser.add_argument("--target", default="qwen2.5-coder-1.5b")
     parser.add_argument("--measured", required=True, type=Path, help="a draftwise bench results directory")
-    parser.add_argument("--workload", required=True, help="the questions of that run to compare on")
-    parser.add_argument("--map", action="append", default=[], help="CANDIDATE=METHOD of the measured run")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--backend", required=True, help="the run's methods on this backend are predicted")
+    parser.add_argument("--workload", action="append", help="the questions to compare on (default: the run's)")
+    parser.add_argument("--as", dest="aliases", action="append", default=[], help="PEER=dw:CONFIG it equals")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent)
     args = parser.parse_args()
-    mapping = dict(item.split("=", 1) for item in args.map)
 
-    spec = DecoderSpec(target=args.target, backend=args.backend, proposer="auto",
-                       generation=GenerationConfig(max_new_tokens=args.max_new_tokens))
-    target = load_backend(args.target, args.backend, args.threads, progress=print, max_tree_leaves=auto_preflight(spec))
-    questions = parse_workload(args.workload).questions
+    run = json.loads((args.measured / "run.json").read_text())
+    policy = SamplingPolicy(temperature=run["temperature"])
+    generation = GenerationConfig(max_new_tokens=run["max_new_tokens"], policy=policy, seed=run["seed"])
+    defaults = MethodDefaults(target=run["target"], draft=run["draft"], generation=generation)
+    aliases = dict(item.split("=", 1) for item in args.aliases)
+    methods = {}  # measured method name -> DecoderSpec to replay
+    for text in run["methods"]:
+        method = parse_method(text, defaults)
+        if method.name in aliases:
+            method = replace(parse_method(f"{method.name}={aliases[method.name]},backend={args.backend}", defaults),
+                             name=method.name)
+        spec = method.decoder
+        if (method.kind != "dw" or spec.backend != args.backend or spec.proposer not in REPLAYABLE
+                or (spec.proposer == "draft-model" and (spec.tree or not policy.greedy))):
+            continue
+        methods[method.name] = spec
+    plain_name = next(name for name, spec in methods.items() if spec.proposer == "none")
+
+    leaves = max(tree_leaves_needed(spec) for spec in methods.values())
+    target = load_backend(run["target"], args.backend, run["threads"], progress=print, max_tree_leaves=leaves)
+    draft = (load_backend(run["draft"], args.backend, run["threads"], progress=print, max_tree_leaves=0)
+             if any(s.proposer == "draft-model" for s in methods.values()) else None)
+    questions = parse_workloads(args.workload or run["workloads"]).questions
     prompts = [target.chat_prompt(messages_for(q, 0, [])) for q in questions]
     ids = [q.question_id for q in questions]
     root = cache_dir().parent / "auto"
-    choice = choose_proposer(spec, target, None, prompts, root, progress=print, trace_tokens=args.max_new_tokens)
+    traces = ensure_traces(target, prompts, generation,
+                           root / "traces" / stable_hash(trace_key(target, prompts, generation))[:20], print)
 
-    plain_predicted = statistics.mean(next(s for s in choice.scores if s.name == "plain").tokens_per_s)
-    plain_measured = statistics.mean(measured_tokens_per_s(args.measured, mapping["plain"], ids))
-    rows = []
-    for score in choice.scores:
-        predicted = statistics.mean(score.tokens_per_s) / plain_predicted
-        method = mapping.get(score.name)
-        measured = (statistics.mean(measured_tokens_per_s(args.measured, method, ids)) / plain_measured
-                    if method else None)
-        rows.append({"candidate": score.name, "method": method, "predicted_speedup": round(predicted, 4),
-                     "measured_speedup": None if measured is None else round(measured, 4),
-                     "relative_error": None if measured is None else round(abs(predicted - measured) / measured, 4),
-                     "mean_accepted_predicted": round(score.mean_accepted, 3)})
+    config = AutoTreeConfig()
+    max_rows = max(1 + candidate_rows(spec) for spec in methods.values())
+    predicted, rows = {}, []
+    for name, spec in methods.items():
+        chain = tree_leaves_needed(spec) == 0  # each method's own shape, as its gate would measure it
+        profile_dir = auto_gate_directory(target, max_rows, root, config, chain)
+        profile = ensure_profile(target, profile_dir, gate_rows(max_rows), config.profile_prefix_len,
+                                 config.profile_repeats, print, chain)
+        print(f"replaying {name}")
+        result = replay_candidate(replace(spec, gate=str(profile_dir) if spec.gate else None), target, draft, traces,
+                                  generation.max_new_tokens, profile)
+        predicted[name] = (statistics.mean(result.tokens_per_s), result.mean_accepted)
+    plain_predicted = predicted[plain_name][0]
+    plain_measured = statistics.mean(measured_tokens_per_s(args.measured, plain_name, ids))
+    measured = {}
+    for name in methods:
+        measured[name] = statistics.mean(measured_tokens_per_s(args.measured, name, ids)) / plain_measured
+        speedup = predicted[name][0] / plain_predicted
+        rows.append({"method": name, "as": aliases.get(name), "predicted_speedup": round(speedup, 4),
+                     "measured_speedup": round(measured[name], 4),
+                     "relative_error": round(abs(speedup - measured[name]) / measured[name], 4),
+                     "predicted_accepted_per_round": round(predicted[name][1], 3)})
 
-    default = choose_proposer(replace(spec, generation=replace(spec.generation, max_new_tokens=64)), target, None,
-                              [target.chat_prompt(messages_for(q, 0, [])) for q in parse_workload(CALIBRATION_WORKLOAD).questions],
-                              root, progress=print)
-    measured_by_name = {r["candidate"]: r["measured_speedup"] for r in rows if r["measured_speedup"] is not None}
-    best = max(measured_by_name, key=measured_by_name.get)
+    auto = choose_proposer(DecoderSpec(target=run["target"], backend=args.backend, proposer="auto",
+                                       generation=generation), target, None,
+                           [target.chat_prompt(messages_for(q, 0, [])) for q in
+                            parse_workloads([CALIBRATION_WORKLOAD]).questions], root, progress=print)
+    pick = next((name for name, spec in methods.items() if same_configuration(spec, auto.spec)), None)
+    best = max(measured, key=measured.get)
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
-        "backend": args.backend, "target": target.info.checkpoint, "threads": args.threads,
-        "measured_run": str(args.measured), "workload": args.workload, "max_new_tokens": args.max_new_tokens,
+        "backend": args.backend, "target": target.info.checkpoint, "threads": run["threads"],
+        "measured_run": str(args.measured), "workloads": args.workload or run["workloads"],
+        "max_new_tokens": run["max_new_tokens"], "temperature": run["temperature"],
         "plain_tokens_per_s": {"predicted": round(plain_predicted, 3), "measured": round(plain_measured, 3)},
-        "candidates": rows,
+        "methods": rows,
         "median_relative_error": statistics.median(  # plain is 1.0 on both sides by definition: not evidence
-            r["relative_error"] for r in rows if r["relative_error"] is not None and r["candidate"] != "plain"),
-        "auto_on_the_same_prompts": choice.chosen,
-        "auto_from_default_calibration": {"workload": CALIBRATION_WORKLOAD, "chosen": default.chosen,
-                                          "table": default.table()},
+            r["relative_error"] for r in rows if r["method"] != plain_name),
+        "auto": {"calibration": CALIBRATION_WORKLOAD, "chosen": auto.chosen, "measured_as": pick,
+                 "table": auto.table()},
         "best_measured": best,
-        "auto_pick_measured_vs_best": round(measured_by_name.get(default.chosen, float("nan")) / measured_by_name[best], 4),
+        "auto_pick_measured_vs_best": None if pick is None else round(measured[pick] / measured[best], 4),
     }
-    out = args.out / f"{args.backend}.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    (args.out / f"{args.backend}.md").write_text(markdown(result))
-    print(json.dumps(result, indent=1))
+    stem = args.out / f"{args.measured.name}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    stem.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
 
 
 def markdown(result: dict) -> str:
     lines = [
-        f"# `--proposer auto` on {result['backend']}: predicted vs measured",
+        f"# Replay predictions vs `{result['measured_run']}` ({result['backend']})",
         "",
-        f"Target `{result['target']}`, {result['threads']} threads, greedy, {result['max_new_tokens']} new tokens, "
-        f"`{result['workload']}`; measured speedups from `{result['measured_run']}`; {result['date']}.",
+        f"Target `{result['target']}`, {result['threads']} threads, temperature {result['temperature']}, "
+        f"{result['max_new_tokens']} new tokens, {', '.join(result['workloads'])}; {result['date']}.",
         "",
-        f"Plain tok/s: predicted {result['plain_tokens_per_s']['predicted']}, "
-        f"measured {result['plain_tokens_per_s']['measured']} (another sitting: only ratios are compared).",
+        f"Plain tok/s: predicted {result['plain_tokens_per_s']['predicted']} (traces decoded now), measured "
+        f"{result['plain_tokens_per_s']['measured']} (the committed run): only speedups are compared.",
         "",
-        "| candidate | measured as | predicted speedup | measured speedup | error | predicted accepted/round |",
+        "| method | predicted as | predicted speedup | measured speedup | error | predicted accepted/round |",
         "|---|---|---|---|---|---|",
     ]
-    for row in result["candidates"]:
-        error = "" if row["relative_error"] is None else f"{100 * row['relative_error']:.1f}%"
-        lines.append(f"| {row['candidate']} | {row['method'] or '—'} | {row['predicted_speedup']:.3f} | "
-                     f"{'' if row['measured_speedup'] is None else format(row['measured_speedup'], '.3f')} | "
-                     f"{error} | {row['mean_accepted_predicted']} |")
-    auto = result["auto_from_default_calibration"]
+    for row in result["methods"]:
+        lines.append(f"| {row['method']} | {row['as'] or 'itself'} | {row['predicted_speedup']:.3f} | "
+                     f"{row['measured_speedup']:.3f} | {100 * row['relative_error']:.1f}% | "
+                     f"{row['predicted_accepted_per_round']} |")
+    auto = result["auto"]
+    ratio = result["auto_pick_measured_vs_best"]
     lines += [
         "",
-        f"Median |predicted - measured| / measured over the speculative candidates: **{100 * result['median_relative_error']:.1f}%**.",
+        f"Median |predicted - measured| / measured over the speculative methods: "
+        f"**{100 * result['median_relative_error']:.1f}%**.",
         "",
-        f"`--proposer auto` from its default calibration (`{auto['workload']}`, 64 tokens) picks "
-        f"**{auto['chosen']}**; best measured: {result['best_measured']}; the pick measures "
-        f"{result['auto_pick_measured_vs_best']:.3f}x the best.",
+        f"`--proposer auto` from its default calibration (`{auto['calibration']}`, 64 tokens) picks "
+        f"**{auto['chosen']}** (measured as `{auto['measured_as']}`); best measured: `{result['best_measured']}`"
+        + ("" if ratio is None else f"; the pick measures {ratio:.3f}x the best") + ".",
         "",
         "```",
         auto["table"],

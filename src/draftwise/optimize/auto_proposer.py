@@ -33,6 +33,7 @@ from draftwise.build import (DecoderSpec, build_decoder, fitted_generation, make
 from draftwise.engine import GenerationConfig
 from draftwise.gate import CostGateConfig
 from draftwise.optimize.auto import AutoTreeConfig, artifact_matches, auto_gate_directory, ensure_profile, gate_rows
+from draftwise.optimize.hardware import VerifyCostProfile
 from draftwise.optimize.replay import Trace, predicted_seconds, replay, trace_from_records
 
 TRACES_KIND = "plain_traces"
@@ -172,43 +173,69 @@ def choose_proposer(
     traces_dir = Path(cache_root) / "traces" / stable_hash(trace_key(target, prompts, generation))[:20]
     traces = ensure_traces(target, prompts, generation, traces_dir, say)
 
-    max_rows = max(1 + _candidate_rows(c) for _, c in candidates)
+    max_rows = max(1 + candidate_rows(c) for _, c in candidates)
     chain = all(tree_leaves_needed(c) == 0 for _, c in candidates)
     profile_dir = auto_gate_directory(target, max_rows, cache_root, profile_config, chain)
     profile = ensure_profile(target, profile_dir, gate_rows(max_rows), profile_config.profile_prefix_len,
                              profile_config.profile_repeats, say, chain)
 
-    scored: list[tuple[str, DecoderSpec, float, float, int, tuple[float, ...]]] = []
-    for name, candidate in candidates:
-        if candidate.gate == "auto":
-            candidate = replace(candidate, gate=str(profile_dir))  # the gate reads the profile measured here
+    resolved = [(name, replace(c, gate=str(profile_dir)) if c.gate == "auto" else c)  # the gate reads this profile
+                for name, c in candidates]
+    replays = []
+    for name, candidate in resolved:
         say(f"replaying {name} on {len(traces)} trace(s)")
-        limits = fitted_generation(candidate).limits
-        gate = CostGateConfig(profile) if candidate.gate else None
-        seconds = tokens = accepted = later_rounds = all_rounds = 0
-        per_trace: list[float] = []
-        proposers = make_proposers(candidate, target, draft)  # once: a REST index re-checks its checksums on open
-        for trace in traces:
-            rounds = replay(trace, proposers[0] if proposers else None, max_new_tokens=trace_tokens, limits=limits,
-                            context_length=target.info.context_length, gate=gate, policy=generation.policy,
-                            seed=generation.seed)
-            predicted = predicted_seconds(trace, rounds, profile)
-            per_trace.append(len(trace.tokens) / predicted)
-            seconds += predicted
-            tokens += len(trace.tokens)
-            accepted += sum(r.accepted for r in rounds[1:])
-            later_rounds += len(rounds) - 1
-            all_rounds += len(rounds)
-        scored.append((name, candidate, seconds / tokens, accepted / max(later_rounds, 1), all_rounds, tuple(per_trace)))
-    plain_rate = scored[0][2]  # candidate 0 is plain decoding
-    scores = sorted((CandidateScore(n, s, plain_rate / s, a, r, t) for n, _, s, a, r, t in scored),
+        replays.append(replay_candidate(candidate, target, draft, traces, trace_tokens, profile))
+    plain_rate = replays[0].seconds_per_token  # candidate 0 is plain decoding
+    scores = sorted((CandidateScore(name, r.seconds_per_token, plain_rate / r.seconds_per_token, r.mean_accepted,
+                                    r.rounds, r.tokens_per_s) for (name, _), r in zip(resolved, replays)),
                     key=lambda c: c.seconds_per_token)  # stable: ties keep plain (listed first) ahead
     chosen = scores[0].name
-    chosen_spec = next(c for n, c, *_ in scored if n == chosen)
+    chosen_spec = dict(resolved)[chosen]
     return ProposerChoice(chosen, chosen_spec, tuple(scores), tuple(skipped), traces_dir, profile_dir)
 
 
-def _candidate_rows(spec: DecoderSpec) -> int:
+@dataclass(frozen=True)
+class CandidateReplay:
+    seconds: tuple[float, ...]  # [traces] predicted
+    tokens: tuple[int, ...]  # [traces]
+    accepted: int  # candidates accepted in rounds after the first
+    later_rounds: int
+    rounds: int
+
+    @property
+    def seconds_per_token(self) -> float:
+        return sum(self.seconds) / sum(self.tokens)
+
+    @property
+    def tokens_per_s(self) -> tuple[float, ...]:
+        return tuple(n / s for n, s in zip(self.tokens, self.seconds))
+
+    @property
+    def mean_accepted(self) -> float:
+        return self.accepted / max(self.later_rounds, 1)
+
+
+def replay_candidate(spec: DecoderSpec, target: Backend, draft: Backend | None, traces: Sequence[Trace],
+                     trace_tokens: int, profile: VerifyCostProfile) -> CandidateReplay:
+    """Predicted time of one concrete configuration (gate, if any, from `profile`) on `traces`."""
+    limits = fitted_generation(spec).limits
+    gate = CostGateConfig(profile) if spec.gate else None
+    proposers = make_proposers(spec, target, draft)  # once: a REST index re-checks its checksums on open
+    seconds, tokens = [], []
+    accepted = later_rounds = rounds_total = 0
+    for trace in traces:
+        rounds = replay(trace, proposers[0] if proposers else None, max_new_tokens=trace_tokens, limits=limits,
+                        context_length=target.info.context_length, gate=gate, policy=spec.generation.policy,
+                        seed=spec.generation.seed)
+        seconds.append(predicted_seconds(trace, rounds, profile))
+        tokens.append(len(trace.tokens))
+        accepted += sum(r.accepted for r in rounds[1:])
+        later_rounds += len(rounds) - 1
+        rounds_total += len(rounds)
+    return CandidateReplay(tuple(seconds), tuple(tokens), accepted, later_rounds, rounds_total)
+
+
+def candidate_rows(spec: DecoderSpec) -> int:
     """Candidate rows one round of `spec` can verify (REST: the tree limit, its tries vary)."""
     if spec.proposer == "none":
         return 0
