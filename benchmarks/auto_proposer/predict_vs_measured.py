@@ -79,8 +79,16 @@ def main() -> None:
         methods[method.name] = spec
     plain_name = next(name for name, spec in methods.items() if spec.proposer == "none")
 
-    leaves = max(tree_leaves_needed(spec) for spec in methods.values())
-    target = load_backend(run["target"], args.backend, run["threads"], progress=print, max_tree_leaves=leaves)
+    contexts = {}  # leaves -> target: each method's profile is measured on a context like the one it ran on
+
+    def target_for(spec: DecoderSpec):
+        leaves = tree_leaves_needed(spec)
+        if leaves not in contexts:
+            contexts[leaves] = load_backend(run["target"], args.backend, run["threads"], progress=print,
+                                            max_tree_leaves=leaves)
+        return contexts[leaves]
+
+    target = target_for(methods[plain_name])  # the traces: plain decoding on plain's own context
     draft = (load_backend(run["draft"], args.backend, run["threads"], progress=print, max_tree_leaves=0)
              if any(s.proposer == "draft-model" for s in methods.values()) else None)
     questions = parse_workloads(args.workload or run["workloads"]).questions
@@ -96,7 +104,7 @@ def main() -> None:
     for name, spec in methods.items():
         chain = tree_leaves_needed(spec) == 0  # each method's own shape, as its gate would measure it
         profile_dir = auto_gate_directory(target, max_rows, root, config, chain)
-        profile = ensure_profile(target, profile_dir, gate_rows(max_rows), config.profile_prefix_len,
+        profile = ensure_profile(target_for(spec), profile_dir, gate_rows(max_rows), config.profile_prefix_len,
                                  config.profile_repeats, print, chain)
         print(f"replaying {name}")
         result = replay_candidate(replace(spec, gate=str(profile_dir) if spec.gate else None), target, draft, traces,
