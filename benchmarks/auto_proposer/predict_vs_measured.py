@@ -171,7 +171,7 @@ def markdown(result: dict) -> str:
         f"Median |predicted - measured| / measured over the speculative methods: "
         f"**{100 * result['median_relative_error']:.1f}%**.",
         "",
-        f"`--proposer auto` from its default calibration (`{auto['calibration']}`, 64 tokens) picks "
+        f"`--proposer auto` from its default calibration (`{auto['calibration']}`, as long as the run) picks "
         f"**{auto['chosen']}** (measured as `{auto['measured_as']}`); best measured: `{result['best_measured']}`"
         + ("" if ratio is None else f"; the pick measures {ratio:.3f}x the best") + ".",
         "",
