@@ -23,6 +23,7 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
+from draftwise.artifacts import stable_hash
 from draftwise.bench.methods import MethodDefaults, parse_method
 from draftwise.bench.workloads import messages_for, parse_workloads
 from draftwise.build import DecoderSpec, load_backend, tree_leaves_needed
@@ -31,7 +32,6 @@ from draftwise.models import cache_dir
 from draftwise.optimize.auto import AutoTreeConfig, auto_gate_directory, ensure_profile, gate_rows
 from draftwise.optimize.auto_proposer import (CALIBRATION_WORKLOAD, candidate_rows, choose_proposer, ensure_traces,
                                               replay_candidate, trace_key)
-from draftwise.artifacts import stable_hash
 from draftwise.sampling import SamplingPolicy
 
 REPLAYABLE = ("none", "prompt-lookup", "rest", "draft-model")

@@ -18,9 +18,9 @@ from draftwise.bench.methods import MethodSpec
 from draftwise.bench.outputs import EmitClock, TurnOutput
 from draftwise.bench.pool import ModelPool
 from draftwise.build import build_decoder, tree_leaves_needed
+from draftwise.engine import GenerationConfig
 from draftwise.models import cache_dir
 from draftwise.optimize.auto_proposer import auto_preflight, choose_for_workload
-from draftwise.engine import GenerationConfig
 from draftwise.stats import PHASES
 
 

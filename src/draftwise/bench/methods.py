@@ -31,8 +31,8 @@ from pathlib import Path
 
 from draftwise.build import BACKENDS, PROPOSERS, DecoderSpec, choose_backend, planned_contracts, preflight
 from draftwise.engine import GenerationConfig
-from draftwise.optimize.auto_proposer import CALIBRATION_WORKLOAD, auto_preflight
 from draftwise.models import resolve
+from draftwise.optimize.auto_proposer import CALIBRATION_WORKLOAD, auto_preflight
 from draftwise.topology.compile import TreeLimits
 
 PEERS = ("hf-plain", "hf-assisted", "hf-prompt-lookup", "llamacpp-plain", "llamacpp-prompt-lookup")
