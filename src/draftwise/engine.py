@@ -166,12 +166,8 @@ class SpeculativeDecoder:
                gate: CostGate | None) -> tuple[RoundRecord, list[int]]:
         """One round.  The first also reads the prompt (its `unread` rows) in the verify forward."""
         seconds: dict[str, float] = {}
-        remaining = emitter.limit - len(emitter.tokens)
-        room = self.target.info.context_length - len(context) - 1
-        limits = TreeLimits(
-            max_nodes=max(0, min(self.config.limits.max_nodes, room)),
-            max_depth=max(0, min(self.config.limits.max_depth, remaining - 1, room)),  # deeper can never publish
-        )
+        limits = round_limits(self.config.limits, len(context), self.target.info.context_length,
+                              emitter.limit - len(emitter.tokens))
         unread = context[self.target.cached_len : -1]  # the prompt in round 1, then nothing
         # round 1's forward reads the whole prompt: its candidate rows are nearly free, never gated
         gating = gate is not None and not unread
@@ -223,6 +219,14 @@ class SpeculativeDecoder:
             gated=gated_depth is not None and gated_depth < int(offered.depth.max()),
         )
         return record, emitter.tokens[-emitted_count:] if emitted_count else []
+
+def round_limits(limits: TreeLimits, context_len: int, context_length: int, remaining: int) -> TreeLimits:
+    """This round's tree limits: no more rows than the context has room for, no deeper than
+    the tokens still allowed (a deeper candidate could never be published)."""
+    room = context_length - context_len - 1
+    return TreeLimits(max_nodes=max(0, min(limits.max_nodes, room)),
+                      max_depth=max(0, min(limits.max_depth, remaining - 1, room)))
+
 
 def slot_path(round_: CompiledRound, accepted_rows: Sequence[int]) -> tuple[tuple[int, int], ...]:
     """(children offered, index of the selected child or -1) at the frontier and at every

@@ -27,6 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
+from draftwise.engine import round_limits
 from draftwise.gate import CostGate, CostGateConfig, rows_within_depths
 from draftwise.optimize.hardware import VerifyCostProfile
 from draftwise.proposers.base import Proposer
@@ -107,20 +108,18 @@ def replay(
     state = CostGate(gate) if gate is not None else None
     context, produced, rounds = list(trace.prompt), 0, []
     while produced < len(trace.tokens):
-        room = context_length - len(context) - 1
-        round_limits = TreeLimits(max_nodes=max(0, min(limits.max_nodes, room)),
-                                  max_depth=max(0, min(limits.max_depth, max_new_tokens - produced - 1, room)))
-        asked = proposer is not None and round_limits.max_depth > 0
+        this_round = round_limits(limits, len(context), context_length, max_new_tokens - produced)
+        asked = proposer is not None and this_round.max_depth > 0
         clock = time.perf_counter()
-        results = [proposer.propose(context, REPLAY_MANIFEST, max_depth=round_limits.max_depth)] if asked else []
+        results = [proposer.propose(context, REPLAY_MANIFEST, max_depth=this_round.max_depth)] if asked else []
         propose_s = time.perf_counter() - clock
-        offered = compile_round(len(context), results, round_limits)
+        offered = compile_round(len(context), results, this_round)
         round_, gated = offered, False
         if state is not None and produced > 0 and offered.n:  # round 1 reads the prompt: never gated
             deepest = int(offered.depth.max())
             depth = state.choose(rows_within_depths(offered, deepest))
             if depth < deepest:
-                round_, gated = compile_round(len(context), results, TreeLimits(round_limits.max_nodes, depth)), True
+                round_, gated = compile_round(len(context), results, TreeLimits(this_round.max_nodes, depth)), True
         future = trace.tokens[produced:]
         accepted = accepted_along(round_, future)
         decided = list(future[: accepted + 1])  # accepted candidates, then the target's own token
