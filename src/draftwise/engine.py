@@ -220,6 +220,7 @@ class SpeculativeDecoder:
         )
         return record, emitter.tokens[-emitted_count:] if emitted_count else []
 
+
 def round_limits(limits: TreeLimits, context_len: int, context_length: int, remaining: int) -> TreeLimits:
     """This round's tree limits: no more rows than the context has room for, no deeper than
     the tokens still allowed (a deeper candidate could never be published)."""
