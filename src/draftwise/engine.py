@@ -23,7 +23,7 @@ import numpy as np
 
 from draftwise.backends.base import Backend, check_fits
 from draftwise.contracts import RoundManifest
-from draftwise.gate import CostGate, CostGateConfig, rows_within_depths
+from draftwise.gate import CostGate, CostGateConfig, gate_round
 from draftwise.proposers.base import Proposer
 from draftwise.sampling import SamplingPolicy
 from draftwise.stats import GenerationStats, RoundRecord, summarize
@@ -169,8 +169,6 @@ class SpeculativeDecoder:
         limits = round_limits(self.config.limits, len(context), self.target.info.context_length,
                               emitter.limit - len(emitter.tokens))
         unread = context[self.target.cached_len : -1]  # the prompt in round 1, then nothing
-        # round 1's forward reads the whole prompt: its candidate rows are nearly free, never gated
-        gating = gate is not None and not unread
         clock = time.perf_counter()
         asked = bool(self.proposers) and limits.max_depth > 0
         results = [p.propose(context, self.manifest.hash, max_depth=limits.max_depth)
@@ -181,12 +179,7 @@ class SpeculativeDecoder:
 
         offered = compile_round(len(context), results, limits)
         proposed = any(r.nodes for r in results)
-        round_, gated_depth = offered, None
-        if gating and offered.n:
-            deepest = int(offered.depth.max())
-            gated_depth = gate.choose(rows_within_depths(offered, deepest))
-            if gated_depth < deepest:
-                round_ = compile_round(len(context), results, TreeLimits(limits.max_nodes, gated_depth))
+        round_, gated = gate_round(gate, offered, results, len(context), limits.max_nodes, reads_prompt=bool(unread))
         seconds["compile"], clock = _lap(clock)
 
         logits = self.target.verify(context[-1], round_ if round_.n else None, unread=unread)
@@ -216,7 +209,8 @@ class SpeculativeDecoder:
             temp_kv_bytes=temp_kv,
             seconds=seconds,
             slot_path=slot_path(round_, selection.accepted_rows),
-            gated=gated_depth is not None and gated_depth < int(offered.depth.max()),
+            gated=gated,
+            reads_prompt=bool(unread),
         )
         return record, emitter.tokens[-emitted_count:] if emitted_count else []
 

@@ -29,8 +29,9 @@ from typing import Sequence
 
 import numpy as np
 
+from draftwise.contracts import ProposalResult
 from draftwise.optimize.hardware import VerifyCostProfile
-from draftwise.topology.compile import CompiledRound
+from draftwise.topology.compile import CompiledRound, TreeLimits, compile_round
 
 
 @dataclass(frozen=True)
@@ -137,3 +138,19 @@ def rows_within_depths(round_: CompiledRound, max_depth: int) -> list[int]:
     """[max_depth + 1]: candidate rows of depth <= d, for d = 0..max_depth."""
     counts = np.bincount(round_.depth, minlength=max_depth + 1)[: max_depth + 1]  # [max_depth + 1]
     return np.cumsum(counts).tolist()
+
+
+def gate_round(gate: CostGate | None, offered: CompiledRound, results: list[ProposalResult],
+               prefix_len: int, max_nodes: int, *, reads_prompt: bool) -> tuple[CompiledRound, bool]:
+    """The round to verify and whether the gate cut it: `offered` (compiled from `results`
+    under this round's limits) recompiled no deeper than `gate` chooses.  The one rule the
+    engine and the replay share, so that replayed predictions gate exactly as decoding does.
+    A round that reads the prompt (round 1) is never cut: its forward reads the whole prompt
+    anyway, so its candidate rows are nearly free."""
+    if gate is None or reads_prompt or not offered.n:
+        return offered, False
+    deepest = int(offered.depth.max())
+    depth = gate.choose(rows_within_depths(offered, deepest))
+    if depth >= deepest:
+        return offered, False
+    return compile_round(prefix_len, results, TreeLimits(max_nodes, depth)), True

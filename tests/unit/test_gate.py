@@ -3,7 +3,7 @@ what it learns from a round (including the candidates it cut)."""
 
 import pytest
 
-from draftwise.gate import CostGate, CostGateConfig, rows_within_depths
+from draftwise.gate import CostGate, CostGateConfig, gate_round, rows_within_depths
 from draftwise.optimize.hardware import VerifyCostProfile
 from draftwise.topology.compile import TreeLimits, compile_round
 from tests.helpers import result_from_paths
@@ -61,6 +61,28 @@ def test_tree_rows_count_every_candidate_within_the_depth():
     # three depth-1..2 rows cost what t(5) says, not t(3)
     costly_wide = profile([1.0, 1.0, 1.0, 5.0, 5.0, 5.0])
     assert gate(costly_wide, prior_first=0.9, prior_continue=0.9).choose(rows_within_depths(round_, 3)) == 1
+
+
+def test_gate_round_recompiles_the_proposal_at_the_chosen_depth():
+    results = [result_from_paths([[1, 2, 3], [1, 4], [5]])]
+    offered = compile_round(5, results, TreeLimits())
+    costly_wide = profile([1.0, 1.0, 1.0, 5.0, 5.0, 5.0])  # as above: depth 1 is the best buy
+    cut, gated = gate_round(gate(costly_wide, prior_first=0.9, prior_continue=0.9), offered, results, 5,
+                            TreeLimits().max_nodes, reads_prompt=False)
+    assert gated
+    assert cut.token_ids.tolist() == compile_round(5, results, TreeLimits(TreeLimits().max_nodes, 1)).token_ids.tolist()
+    assert sorted(cut.token_ids.tolist()) == [1, 5] and int(cut.depth.max()) == 1
+
+
+def test_gate_round_leaves_the_prompt_round_an_absent_gate_and_an_uncut_choice_alone():
+    results = [result_from_paths([[1, 2, 3]])]
+    offered = compile_round(5, results, TreeLimits())
+    closed = gate(prior_first=0.01, prior_continue=0.01)  # STEP profile: would take a plain step
+    assert gate_round(closed, offered, results, 5, 64, reads_prompt=True) == (offered, False)
+    assert gate_round(None, offered, results, 5, 64, reads_prompt=False) == (offered, False)
+    assert gate_round(gate(FLAT, prior_first=0.9), offered, results, 5, 64, reads_prompt=False) == (offered, False)
+    plain, gated = gate_round(closed, offered, results, 5, 64, reads_prompt=False)
+    assert gated and plain.n == 0  # depth 0: an ordinary target step
 
 
 def test_observe_walks_the_published_tokens_down_the_full_proposal():

@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from draftwise.engine import round_limits
-from draftwise.gate import CostGate, CostGateConfig, rows_within_depths
+from draftwise.gate import CostGate, CostGateConfig, gate_round
 from draftwise.optimize.hardware import VerifyCostProfile
 from draftwise.proposers.base import Proposer
 from draftwise.sampling import SamplingPolicy
@@ -114,12 +114,8 @@ def replay(
         results = [proposer.propose(context, REPLAY_MANIFEST, max_depth=this_round.max_depth)] if asked else []
         propose_s = time.perf_counter() - clock
         offered = compile_round(len(context), results, this_round)
-        round_, gated = offered, False
-        if state is not None and produced > 0 and offered.n:  # round 1 reads the prompt: never gated
-            deepest = int(offered.depth.max())
-            depth = state.choose(rows_within_depths(offered, deepest))
-            if depth < deepest:
-                round_, gated = compile_round(len(context), results, TreeLimits(this_round.max_nodes, depth)), True
+        round_, gated = gate_round(state, offered, results, len(context), this_round.max_nodes,
+                                   reads_prompt=produced == 0)
         future = trace.tokens[produced:]
         accepted = accepted_along(round_, future)
         decided = list(future[: accepted + 1])  # accepted candidates, then the target's own token
