@@ -25,6 +25,8 @@ class RoundRecord:
     # token only
     asked: bool = True
     gated: bool = False  # the cost gate verified less of the proposal than was offered
+    # round 1: its forward also read the prompt (timed as "prefill"), so it is no steady-state round
+    reads_prompt: bool = False
 
     @property
     def total_seconds(self) -> float:

@@ -82,6 +82,7 @@ def test_empty_proposals_fall_back_to_one_target_step(smol_target, prompt):
     # round 1 reads the prompt in its forward (the ledger's "prefill"), later rounds verify only
     assert result.records[0].seconds.get("prefill", 0) > 0 and "verify" not in result.records[0].seconds
     assert all("prefill" not in r.seconds for r in result.records[1:])
+    assert result.records[0].reads_prompt and not any(r.reads_prompt for r in result.records[1:])
 
 
 class CountingBackend:

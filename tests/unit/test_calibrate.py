@@ -15,7 +15,7 @@ from draftwise.cli import app
 from draftwise.contracts import TopologyKind
 from draftwise.engine import GenerationConfig, slot_path
 from draftwise.optimize.acceptance import AcceptanceProfile
-from draftwise.optimize.calibrate import count_slots
+from draftwise.optimize.calibrate import calibrate, count_slots
 from draftwise.optimize.hardware import VerifyCostProfile
 from draftwise.optimize.select import load_tree_artifact
 from draftwise.sampling import SamplingPolicy
@@ -64,6 +64,23 @@ def test_count_slots_by_depth():
     profile = AcceptanceProfile.from_counts(selected, reached)
     assert profile.p[0] == pytest.approx((0.25, 0.0, 0.25))
     assert sum(profile.p[0]) < 1  # "none selected" stays in the remainder
+
+
+def test_calibration_costs_are_medians_of_the_rounds_after_the_prompt_read():
+    class Replayed:  # a decoder whose generations are these records
+        def __init__(self, records):
+            self.records = records
+
+        def generate(self, prompt):
+            return dataclasses.make_dataclass("Result", ["records", "tokens"])(self.records, [1, 2, 3])
+
+    first = dataclasses.replace(record(1, [(3, 0), (2, -1)]), reads_prompt=True,
+                                seconds={"prefill": 9.0, "propose": 5.0})
+    later = [dataclasses.replace(record(0, [(3, -1)]), seconds={"verify": v, "propose": p})
+             for v, p in [(1.0, 0.1), (2.0, 0.3), (3.0, 0.2)]]
+    counts = calibrate(Replayed([first, *later]), [[1], [2]], width=3, depth=2)
+    assert (counts.verify_seconds_median, counts.propose_seconds_median) == (2.0, 0.2)
+    assert counts.rounds == 8 and counts.new_tokens == 6
 
 
 def test_count_slots_refuses_a_round_wider_than_the_width():

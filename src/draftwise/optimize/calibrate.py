@@ -132,9 +132,9 @@ def calibrate(
     asked = [r for r in records if r.asked]
     if not asked:
         raise ValueError("no calibration round asked the proposer (max_new_tokens too small?)")
-    # per-round costs: round 1's forward reads the prompt too ("prefill"), and its proposal
-    # includes the draft's own prompt prefill; neither is what a round costs afterwards
-    steady = [r for r in asked if "prefill" not in r.seconds] or asked
+    # per-round costs: round 1's forward reads the prompt too, and its proposal includes the
+    # draft's own prompt prefill; neither is what a round costs afterwards
+    steady = [r for r in asked if not r.reads_prompt] or asked
     return CalibrationCounts(
         width=width, depth=depth,
         selected=tuple(tuple(row) for row in selected), reached=tuple(reached),
