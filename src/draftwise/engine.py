@@ -169,6 +169,7 @@ class SpeculativeDecoder:
         limits = round_limits(self.config.limits, len(context), self.target.info.context_length,
                               emitter.limit - len(emitter.tokens))
         unread = context[self.target.cached_len : -1]  # the prompt in round 1, then nothing
+        reads_prompt = bool(unread)
         clock = time.perf_counter()
         asked = bool(self.proposers) and limits.max_depth > 0
         results = [p.propose(context, self.manifest.hash, max_depth=limits.max_depth)
@@ -179,12 +180,13 @@ class SpeculativeDecoder:
 
         offered = compile_round(len(context), results, limits)
         proposed = any(r.nodes for r in results)
-        round_, gated = gate_round(gate, offered, results, len(context), limits.max_nodes, reads_prompt=bool(unread))
+        round_, gated = gate_round(gate, offered, results, len(context), limits.max_nodes,
+                                   reads_prompt=reads_prompt)
         seconds["compile"], clock = _lap(clock)
 
         logits = self.target.verify(context[-1], round_ if round_.n else None, unread=unread)
         temp_kv = self.target.kv_bytes()
-        seconds["prefill" if unread else "verify"], clock = _lap(clock)
+        seconds["prefill" if reads_prompt else "verify"], clock = _lap(clock)
 
         selection = self.verifier.select(round_, logits, self.config.policy, rng)
         seconds["select"], clock = _lap(clock)
@@ -210,7 +212,7 @@ class SpeculativeDecoder:
             seconds=seconds,
             slot_path=slot_path(round_, selection.accepted_rows),
             gated=gated,
-            reads_prompt=bool(unread),
+            reads_prompt=reads_prompt,
         )
         return record, emitter.tokens[-emitted_count:] if emitted_count else []
 
