@@ -15,7 +15,7 @@ from typing import Callable
 from draftwise.backends.base import Backend
 from draftwise.contracts import ProbabilitySemantics, ProposerContract, SamplingRelation, TopologyKind
 from draftwise.engine import GenerationConfig, SpeculativeDecoder
-from draftwise.gate import CostGateConfig
+from draftwise.gate import CostGateConfig, check_gateable
 from draftwise.models import DEFAULT_MODEL, ResolvedModel, resolve
 from draftwise.proposers.base import Proposer
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer, draft_contract
@@ -156,6 +156,8 @@ def preflight(spec: DecoderSpec) -> str:
     contracts = planned_contracts(spec)
     verifier = make_verifier(spec.verifier, contracts, spec.generation.policy)
     bind(verifier, contracts, spec.generation.policy, exact=spec.generation.exact)
+    if spec.gate is not None:
+        check_gateable(verifier.capabilities)
     return verifier.capabilities.name
 
 

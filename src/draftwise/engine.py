@@ -22,8 +22,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from draftwise.backends.base import Backend, check_fits
-from draftwise.contracts import RoundManifest
-from draftwise.gate import CostGate, CostGateConfig, gate_round
+from draftwise.contracts import ContractError, RoundManifest
+from draftwise.gate import CostGate, CostGateConfig, check_gateable, gate_round
 from draftwise.proposers.base import Proposer
 from draftwise.sampling import SamplingPolicy
 from draftwise.stats import GenerationStats, RoundRecord, summarize
@@ -72,6 +72,9 @@ class _Emitter:
     stop_reason: str | None = None
 
     def publish(self, tokens: Sequence[int], drafted: Sequence[bool]) -> int:
+        """Append tokens up to the first stop rule; return how many were published.  Each rule
+        is checked after every token, as plain decoding would, so a round that accepts several
+        tokens stops at the same one (a stop string completed mid-round cuts the rest)."""
         count = 0
         for token, was_drafted in zip(tokens, drafted):
             self.tokens.append(int(token))
@@ -83,14 +86,14 @@ class _Emitter:
             if len(self.tokens) >= self.limit:
                 self.stop_reason = "max_new_tokens"
                 break
-        if self.stop_reason is None and self.stop_strings:
-            self._check_stop_strings()
+            if self.stop_strings and self._stop_string_seen():
+                self.stop_reason = "stop_string"
+                break
         return count
 
-    def _check_stop_strings(self) -> None:
+    def _stop_string_seen(self) -> bool:
         text = self.detokenize(self.tokens)
-        if any(s in text for s in self.stop_strings):
-            self.stop_reason = "stop_string"
+        return any(s in text for s in self.stop_strings)
 
 
 class SpeculativeDecoder:
@@ -107,6 +110,8 @@ class SpeculativeDecoder:
         self.proposers = list(proposers)
         self.config = config
         self.verifier = bind(verifier, [p.contract for p in self.proposers], config.policy, exact=config.exact)
+        if config.gate is not None:
+            check_gateable(self.verifier.capabilities)
         info = target.info
         self.manifest = RoundManifest(
             target_checkpoint=info.checkpoint,
@@ -174,8 +179,13 @@ class SpeculativeDecoder:
         asked = bool(self.proposers) and limits.max_depth > 0
         results = [p.propose(context, self.manifest.hash, max_depth=limits.max_depth)
                    for p in self.proposers] if asked else []
-        for result in results:
+        for proposer, result in zip(self.proposers, results):
             self.manifest.check(result)
+            if result.contract != proposer.contract:  # the verifier was bound to the declared one
+                raise ContractError(
+                    f"{result.source}: proposal made under contract {result.contract}, but the proposer declared "
+                    f"{proposer.contract}, which the verifier was bound to"
+                )
         seconds["propose"], clock = _lap(clock)
 
         offered = compile_round(len(context), results, limits)

@@ -6,8 +6,11 @@ many (transformers on a CPU: eleven rows cost about 3.3 plain steps) a round who
 all rejected costs several plain steps, and prompt lookup late in a generation proposes many
 such rounds.  The gate keeps a recency-weighted estimate of the acceptance rates and, each
 round, verifies the depth d in 0..max that maximizes (1 + E[accepted | d]) / t(1 + rows(d));
-d = 0 is an ordinary target step.  Cutting a proposal never changes what the verifier
-selects among the rows it does see, so every exact verifier stays exact.
+d = 0 is an ordinary target step.  The depth is chosen from the rows the proposal holds,
+which for sampled drafts depend on the drawn tokens (two i.i.d. draws that collide merge into
+one row; a confidence-stopped chain is as long as its last draw was likely), so a residual
+verifier, exact only when every draw is tested whatever its value, would be biased: the gate
+serves only verifiers exact for any candidates (greedy, membership), and refuses the others.
 
 Acceptance model: h1 = P(a depth-1 candidate is accepted) and hc = P(depth i + 1 accepted |
 depth i accepted), pooled over i (deeper depths alone are too sparse to estimate per round).
@@ -32,6 +35,7 @@ import numpy as np
 from draftwise.contracts import ProposalResult
 from draftwise.optimize.hardware import VerifyCostProfile
 from draftwise.topology.compile import CompiledRound, TreeLimits, compile_round
+from draftwise.verify.base import IncompatibleVerifier, VerifierCapabilities
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,16 @@ class CostGate:
                 return None
             parent = match
         return (offered, parent, depth) if offered.children_of(parent) else None
+
+
+def check_gateable(verifier: VerifierCapabilities) -> None:
+    """Refuse a gate in front of a verifier whose exactness needs every draw tested."""
+    if not verifier.any_candidates:
+        raise IncompatibleVerifier(
+            f"the cost gate picks how deep to verify from the proposal's rows, which depend on the drawn "
+            f"tokens; verifier {verifier.name!r} is exact only when every draw is tested whatever its value, "
+            "so a gated round would bias its output: gate a greedy or membership verifier, or drop the gate"
+        )
 
 
 def rows_within_depths(round_: CompiledRound, max_depth: int) -> list[int]:

@@ -145,6 +145,38 @@ def test_stop_string(smol_target, prompt):
     assert len(result.tokens) < len(plain.tokens)
 
 
+def test_stop_string_completed_mid_round_cuts_the_rest_of_the_round(smol_target, prompt):
+    plain = decode(smol_target, [], prompt, max_new_tokens=40)
+    word = smol_target.detokenize(plain.tokens).split()[1]
+    plain_stopped = decode(smol_target, [], prompt, max_new_tokens=40, stop_strings=(word,))
+    # a perfect lookup: rounds accept up to 6 tokens, so the stop string lands mid-round
+    result = decode(smol_target, [ScriptedProposer(len(prompt), plain.tokens)], prompt, max_new_tokens=40,
+                    stop_strings=(word,))
+    assert max(r.accepted for r in result.records) >= 2
+    assert result.tokens == plain_stopped.tokens and result.stop_reason == "stop_string"
+
+
+def test_cost_gate_is_refused_in_front_of_a_residual_verifier(smol_target, smol_draft):
+    """The gate's depth choice reads the proposal's rows, which depend on the drawn tokens:
+    fine for greedy and membership, a bias for rejection sampling (refused before any work)."""
+    from draftwise.build import DecoderSpec, preflight
+    from draftwise.gate import CostGateConfig
+    from draftwise.optimize.hardware import VerifyCostProfile
+    from draftwise.sampling import SamplingPolicy
+
+    profile = VerifyCostProfile(rows=(1, 2, 3), relative=(1.0, 1.5, 2.0), absolute_s=None, model="smollm2-135m",
+                                backend="transformers", threads=2, machine="test")
+    sampling = GenerationConfig(policy=SamplingPolicy(temperature=1.0), gate=CostGateConfig(profile))
+    draft = DraftModelProposer(smol_draft, smol_target.info.tokenizer_hash, DraftConfig(k=2))
+    before = smol_target.cached_len
+    with pytest.raises(IncompatibleVerifier, match="cost gate"):
+        SpeculativeDecoder(smol_target, [draft], RejectionVerifier(), sampling)
+    assert smol_target.cached_len == before
+    assert SpeculativeDecoder(smol_target, [PromptLookupProposer()], MembershipVerifier(), sampling)
+    with pytest.raises(ValueError, match="cost gate"):
+        preflight(DecoderSpec(proposer="draft-model", gate="auto", generation=sampling))
+
+
 def test_context_overflow_is_refused_before_generation(smol_target, prompt):
     with pytest.raises(ContextOverflow, match="max_new_tokens"):
         decode(smol_target, [], prompt, max_new_tokens=smol_target.info.context_length)
@@ -155,6 +187,19 @@ def test_manifest_mismatch_is_an_error(smol_target, prompt):
         decode(smol_target, [ScriptedProposer(len(prompt), [1, 2], manifest_override="0" * 64)], prompt, max_new_tokens=4)
     # the target is left consistent: a normal generation still works
     assert decode(smol_target, [], prompt, max_new_tokens=3).tokens
+
+
+def test_a_proposal_under_another_contract_than_declared_is_refused(smol_target, prompt):
+    from draftwise.contracts import ContractError, SamplingRelation
+
+    class Relabelling(ScriptedProposer):
+        def propose(self, context, manifest_hash, max_depth=None):
+            result = super().propose(context, manifest_hash, max_depth)
+            return dataclasses.replace(result, contract=dataclasses.replace(result.contract, relation=SamplingRelation.IID))
+
+    with pytest.raises(ContractError, match="declared"):
+        decode(smol_target, [Relabelling(len(prompt), [1, 2])], prompt, max_new_tokens=4)
+    assert decode(smol_target, [], prompt, max_new_tokens=3).tokens  # the target is left usable
 
 
 def test_tokenizer_mismatch_is_refused(smol_draft):

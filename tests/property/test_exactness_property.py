@@ -204,3 +204,29 @@ def test_planted_bugs_are_caught_and_the_correct_verifiers_are_not():
             assert deviation(correct, template, p, q, 3, relation, topology) < TOL
             worst = max(worst, deviation(buggy, template, p, q, 3, relation, topology))
         assert worst > 1e-3, f"{type(buggy).__name__} was not caught (max deviation {worst:.2e})"
+
+
+# ------------------------------------------------------------------ row budget
+
+
+def test_residual_verifiers_stay_exact_when_the_row_budget_cuts_the_drafts():
+    """A round near the end of the context has room for fewer nodes than the template.  The
+    compiler cuts the drafts by position alone.  Counting rows instead (compiler version 1)
+    kept a later i.i.d. draw only when it repeated an earlier one, so the draws tested were
+    chosen by their values (SpecInfer, p uniform, q = (.6, .3, .1), two draws, one row: off
+    by 0.0067 in the two-token law), and SpecTr saw two or three draws depending on whether
+    the first two collided."""
+    from draftwise.topology.compile import TreeLimits
+
+    p_of, q_of = constant([1 / 3, 1 / 3, 1 / 3]), constant([0.6, 0.3, 0.1])
+    want = target_law(p_of, 3, 2)
+    tree = from_paths([(0,), (1,), (2,), (0, 0), (1, 0), (1, 1)])
+    cases = [(SpecInferVerifier(), set_template(2), IID, TopologyKind.SET),
+             (SpecTrVerifier(), set_template(3), IID, TopologyKind.SET),
+             (SpecInferVerifier(), tree, IID, TopologyKind.TREE),
+             (SequoiaVerifier(), tree, SamplingRelation.WITHOUT_REPLACEMENT, TopologyKind.TREE)]
+    for verifier, template, relation, topology in cases:
+        for max_nodes in range(1, len(template)):
+            got = round_marginal(verifier, template, p_of, q_of, relation, 2, topology,
+                                 limits=TreeLimits(max_nodes=max_nodes, max_depth=4))
+            assert max_deviation(got, want) < TOL, (verifier.capabilities.name, len(template), max_nodes)

@@ -128,6 +128,20 @@ def test_limits_drop_subtrees():
     assert r.n == 3
 
 
+def test_the_node_budget_counts_merged_nodes_so_what_survives_never_depends_on_tokens():
+    # two draws of token 7 and one of 8 at the frontier, then a child of the repeated 7
+    result = result_from_paths([[7], [8], [7, 9]])
+    duplicate = dataclasses.replace(result.nodes[0])
+    nodes = (result.nodes[0], result.nodes[1], duplicate, dataclasses.replace(result.nodes[2], parent=2))
+    result = dataclasses.replace(result, nodes=nodes)
+    full = compile_round(5, [result], TreeLimits(max_nodes=4, max_depth=16))
+    assert full.origin[0] == (0, 1, 0, 2)  # the repeat merges into row 0, its child hangs there
+    # three nodes allowed: the repeat takes the third place though it needs no row, so the
+    # child is cut (counting rows, 2 < 3, would have kept it: a cut decided by the tokens drawn)
+    assert compile_round(5, [result], TreeLimits(max_nodes=3, max_depth=16)).origin[0] == (0, 1, 0, -2)
+    assert compile_round(5, [result], TreeLimits(max_nodes=1, max_depth=16)).origin[0] == (0, -2, -2, -2)
+
+
 def test_empty_round():
     r = compile_round(3, [])
     assert r.n == 0 and r.children_of(-1) == ()

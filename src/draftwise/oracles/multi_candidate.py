@@ -157,11 +157,14 @@ def propose(template: Template, q_of: DistFn, relation: SamplingRelation, pick: 
 
 def round_marginal(verifier: PickVerifier, template: Template, p_of: DistFn, q_of: DistFn,
                    relation: SamplingRelation, n_tokens: int = 2,
-                   topology: TopologyKind = TopologyKind.TREE) -> dict[tuple[int, ...], float]:
+                   topology: TopologyKind = TopologyKind.TREE,
+                   limits: TreeLimits | None = None) -> dict[tuple[int, ...], float]:
     """Exact law of the first `n_tokens` emitted tokens: one round of `verifier` over drafts of
     `template`, continued with plain target samples when the round emitted fewer tokens
-    (that continuation is what the next, exact, round would produce)."""
-    limits = TreeLimits(max_nodes=len(template) + 1, max_depth=max_depth(template) + 1)
+    (that continuation is what the next, exact, round would produce).  `limits` (default:
+    room for the whole template) lets the compiler cut the drafts, as a round near the end of
+    the context does."""
+    limits = limits or TreeLimits(max_nodes=len(template) + 1, max_depth=max_depth(template) + 1)
     compiled: dict[tuple[int, ...], tuple[CompiledRound, NumpyLogits]] = {}
 
     def run(pick: Pick) -> tuple[int, ...]:

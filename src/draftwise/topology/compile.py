@@ -19,7 +19,7 @@ import numpy as np
 
 from draftwise.contracts import ContractError, ProbabilitySemantics, ProposalResult
 
-COMPILER_VERSION = "1"
+COMPILER_VERSION = "2"  # 2: the node budget counts nodes, merged ones included (1 counted rows)
 
 
 class GraphError(ContractError):
@@ -71,7 +71,15 @@ class CompiledRound:
 
 
 def compile_round(prefix_len: int, results: list[ProposalResult], limits: TreeLimits = TreeLimits()) -> CompiledRound:
-    """Merge results by full prefix into rows; nodes beyond the limits are dropped with their subtrees."""
+    """Merge results by full prefix into rows; nodes beyond the limits are dropped with their subtrees.
+
+    The node budget counts nodes, not rows: a node that merges into an existing row still
+    takes its place (so rows <= max_nodes).  Which nodes survive then depends on their
+    positions alone, never on the drawn tokens.  Counting rows would keep a later i.i.d. draw
+    only when it repeats an earlier one, so the draws a residual verifier tests would be
+    chosen by their values, and the number of draws SpecTr's k-sequential selection sees
+    would depend on them: both bias the output.
+    """
     row_of_key: dict[tuple[int, int], int] = {}
     tokens: list[int] = []
     parents: list[int] = []
@@ -81,19 +89,18 @@ def compile_round(prefix_len: int, results: list[ProposalResult], limits: TreeLi
     scores: list[float] = []
     origin: list[tuple[int, ...]] = []
     q_dist: list[dict[int, np.ndarray]] = []
+    kept = 0  # nodes kept so far, merged ones included: the budget is positional
     for k, result in enumerate(results):
         rows_of_nodes: list[int] = []
         for node in result.nodes:
             parent_row = -1 if node.parent == -1 else rows_of_nodes[node.parent]
-            if parent_row == -2 or node.depth > limits.max_depth:
+            if parent_row == -2 or node.depth > limits.max_depth or kept >= limits.max_nodes:
                 rows_of_nodes.append(-2)  # dropped with its subtree
                 continue
+            kept += 1
             key = (parent_row, node.token)
             row = row_of_key.get(key)
             if row is None:
-                if len(tokens) >= limits.max_nodes:
-                    rows_of_nodes.append(-2)
-                    continue
                 row = len(tokens)
                 row_of_key[key] = row
                 tokens.append(node.token)

@@ -39,6 +39,10 @@ class VerifierCapabilities:
     exact: bool  # False: a heuristic, refused in exact mode
     greedy_only: bool = False  # exact only at temperature 0
     single_source: bool = False  # needs one proposal distribution, so one proposer
+    # exact whatever candidates it is shown (greedy, membership): a cut of the proposal that
+    # depends on the drawn tokens, like the cost gate's, keeps it exact.  Residual verifiers
+    # are exact only when every draw is tested whatever its value
+    any_candidates: bool = False
 
 
 class TargetLogits(Protocol):

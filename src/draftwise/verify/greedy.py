@@ -20,7 +20,7 @@ from draftwise.verify.base import (
 class GreedyVerifier:
     capabilities = VerifierCapabilities(
         name="greedy", semantics=ALL_SEMANTICS, relations=ALL_RELATIONS, topologies=ALL_TOPOLOGIES,
-        exact=True, greedy_only=True,
+        exact=True, greedy_only=True, any_candidates=True,
     )
 
     def select(

@@ -24,7 +24,7 @@ class MembershipVerifier:
         name="membership", semantics=ALL_SEMANTICS, relations=ALL_RELATIONS,
         topologies=frozenset({TopologyKind.SEQUENCE, TopologyKind.SET, TopologyKind.TREE,
                               TopologyKind.METADATA_GRAPH}),
-        exact=True,
+        exact=True, any_candidates=True,
     )
 
     def select(
