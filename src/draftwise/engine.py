@@ -195,7 +195,7 @@ class SpeculativeDecoder:
         seconds["compile"], clock = _lap(clock)
 
         logits = self.target.verify(context[-1], round_ if round_.n else None, unread=unread)
-        temp_kv = self.target.kv_bytes()
+        kv_bytes = self.target.kv_bytes()
         seconds["prefill" if reads_prompt else "verify"], clock = _lap(clock)
 
         selection = self.verifier.select(round_, logits, self.config.policy, rng)
@@ -218,7 +218,8 @@ class SpeculativeDecoder:
             emitted=emitted_count,
             fallback=asked and not proposed,
             asked=asked,
-            temp_kv_bytes=temp_kv,
+            kv_bytes=kv_bytes,
+            provisional_kv_bytes=(1 + round_.n) * self.target.info.kv_row_bytes,
             seconds=seconds,
             slot_path=slot_path(round_, selection.accepted_rows),
             gated=gated,

@@ -16,7 +16,7 @@ class RoundRecord:
     accepted: int  # accepted candidate rows that were published (those after an EOS are not)
     emitted: int  # tokens published this round (accepted + bonus, cut by stop rules)
     fallback: bool  # the proposers returned nothing: one ordinary target step
-    temp_kv_bytes: int  # KV bytes held while the round's rows were provisional
+    kv_bytes: int  # KV bytes held once the round's rows were written: committed + provisional
     seconds: dict[str, float] = field(default_factory=dict)  # phase -> seconds
     # (children offered, slot selected or -1) at each node the selection reached that had
     # children: the frontier first, then every accepted row.  What calibration counts.
@@ -27,6 +27,7 @@ class RoundRecord:
     gated: bool = False  # the cost gate verified less of the proposal than was offered
     # round 1: its forward also read the prompt (timed as "prefill"), so it is no steady-state round
     reads_prompt: bool = False
+    provisional_kv_bytes: int = 0  # KV bytes of the round's provisional rows (pending + candidates)
 
     @property
     def total_seconds(self) -> float:
@@ -47,7 +48,8 @@ class GenerationStats:
     wall_seconds: float
     tokens_per_s: float
     time_split: dict[str, float]  # phase -> seconds per committed token
-    max_temp_kv_bytes: int
+    max_kv_bytes: int  # the most KV any round held, committed rows included
+    max_provisional_kv_bytes: int  # the most KV a round held provisionally (the verify's own rows)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -77,5 +79,6 @@ def summarize(records: list[RoundRecord], new_tokens: int, wall_seconds: float) 
         wall_seconds=wall_seconds,
         tokens_per_s=new_tokens / wall_seconds if wall_seconds > 0 else 0.0,
         time_split=split,
-        max_temp_kv_bytes=max((r.temp_kv_bytes for r in records), default=0),
+        max_kv_bytes=max((r.kv_bytes for r in records), default=0),
+        max_provisional_kv_bytes=max((r.provisional_kv_bytes for r in records), default=0),
     )

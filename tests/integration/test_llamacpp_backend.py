@@ -220,6 +220,7 @@ def test_text_and_info(backend, prompt):
     text = backend.detokenize(prompt)
     assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
     assert backend.info.eos_token_ids
+    assert backend.info.kv_row_bytes == backend.geometry.bytes_per_cell > 0
 
 
 def test_first_round_reads_the_prompt_as_unread_rows(backend, prompt):

@@ -5,7 +5,7 @@ import json
 from typer.testing import CliRunner
 
 from draftwise.bench.cli import bench_app
-from draftwise.bench.compare import compare, settings_differences
+from draftwise.bench.compare import compare, method_differences, settings_differences
 
 
 def summary(tps, speedup, accepted, mismatches=0, max_new_tokens=128, methods=("dw", "hf-plain")):
@@ -35,6 +35,17 @@ def test_added_removed_and_settings():
     changes, only_a, only_b = compare(a, b)
     assert [c.method for c in changes] == ["dw"] and only_a == ["old"] and only_b == ["new"]
     assert settings_differences(a, b) == ["max_new_tokens: 128 -> 64"]
+
+
+def test_partial_runs_and_changed_references_are_flagged():
+    a, b = summary(10.0, 2.0, 1.5), summary(10.0, 2.0, 1.5)
+    assert method_differences(a, b) == []
+    b["methods"]["dw"]["overall"]["questions"] = 60
+    b["methods"]["hf-plain"]["reference"] = "dw-plain"
+    assert method_differences(a, b) == [
+        "dw: 2 questions in A, 60 in B (the ratios compare different question sets)",
+        "hf-plain: speedup over None in A, over dw-plain in B",
+    ]
 
 
 def test_cli_compare(tmp_path):

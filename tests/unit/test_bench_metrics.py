@@ -13,7 +13,7 @@ from draftwise.bench.workloads import Question
 def turn(tokens, wall, rounds=None, phases=None, offsets=(), accept=None, kv=None):
     return TurnOutput(tokens=tuple(tokens), text="t", wall_time=wall, emit_offsets=tuple(offsets),
                       accept_lengths=None if accept is None else tuple(accept), rounds=rounds, phase_seconds=phases,
-                      max_temp_kv_bytes=kv)
+                      max_kv_bytes=kv)
 
 
 def answer(qid, cat, *turns, method="m", error=None):
@@ -31,8 +31,8 @@ def test_mismatches_report_turn_and_position():
     ref = {"a": answer("a", "x", turn([1, 2, 3], 1.0), turn([4, 5], 1.0)), "b": answer("b", "x", turn([7], 1.0))}
     mine = [answer("a", "x", turn([1, 2, 3], 1.0), turn([4, 6], 1.0)), answer("b", "x", turn([7], 1.0)),
             answer("c", "x", turn([1], 1.0))]  # no reference answer for c: not compared
-    found = find_mismatches(mine, ref)
-    assert len(found) == 1
+    found, compared = find_mismatches(mine, ref)
+    assert len(found) == 1 and compared == 3  # a's two turns and b's; c had nothing to compare with
     assert (found[0].question_id, found[0].turn, found[0].first_difference) == ("a", 1, 1)
 
 
@@ -82,11 +82,36 @@ def test_pooled_rounds_acceptance_split_and_kv():
     assert m.acceptance_by_depth == pytest.approx([1.0, 2 / 3, 1.0], abs=1e-4)
     assert m.fallback_rate == pytest.approx(0.25)
     assert m.rows_verified_mean == pytest.approx((4 + 4 + 1 + 3) / 4)
-    assert m.max_temp_kv_bytes == 300
+    assert m.max_kv_bytes == 300
+    assert m.max_provisional_kv_bytes is None  # bytes per KV row unknown
+    with_rows = method_metrics([answer("a", "x", t1), answer("b", "x", t2)], None, check_exact=True, kv_row_bytes=10)
+    assert with_rows.max_provisional_kv_bytes == (1 + 3) * 10  # the widest round: pending + 3 candidates
     assert m.time_split_ms["verify"] == pytest.approx(1.0 / 10 * 1e3)
     assert m.time_split_ms["other"] == pytest.approx((2.0 - 1.2) / 10 * 1e3)
     assert m.latency.p50_ms == pytest.approx(200.0)  # gaps 0.3, 0.1 (t1 only: t2 has one event)
     assert m.latency.ttft_median_ms == pytest.approx(300.0)
+
+
+def test_a_reference_without_answers_leaves_mismatches_unchecked_not_zero():
+    mine = [answer("a", "x", turn([1, 2], 1.0))]
+    m = method_metrics(mine, {}, check_exact=True)  # the reference was skipped: no answers at all
+    assert m.mismatches is None and m.compared_turns == 0
+    errored = {"a": Answer("m", "a", "x", (), (), error="ContextOverflow: too long")}
+    assert method_metrics(mine, errored, check_exact=True).mismatches is None
+    ok = method_metrics(mine, {"a": answer("a", "x", turn([1, 2], 2.0))}, check_exact=True)
+    assert ok.mismatches == 0 and ok.compared_turns == 1
+
+
+def test_first_and_any_child_coverage_from_the_frontier_slots():
+    # (nodes, depth, accepted, emitted, fallback, frontier children, slot taken)
+    rounds = ((4, 1, 1, 2, 0, 4, 0), (4, 1, 1, 2, 0, 4, 2), (4, 1, 0, 1, 0, 4, -1), (0, 0, 0, 1, 1, 0, -1),
+              (2, 2, 2, 3, 0, 1, 0))
+    old = ((3, 3, 1, 2, 0),)  # written before the frontier was recorded: not counted
+    m = method_metrics([answer("a", "x", turn(range(9), 1.0, rounds=rounds), turn(range(2), 1.0, rounds=old))],
+                       None, check_exact=True)
+    assert m.coverage_rounds == 4  # the fallback offered nothing
+    assert m.first_child_coverage == pytest.approx(2 / 4) and m.any_child_coverage == pytest.approx(3 / 4)
+    assert m.mean_accepted == pytest.approx(5 / 6, abs=1e-4)  # old and new rounds pool alike (rounded to 4 places)
 
 
 def test_peer_accept_lengths_give_mean_accepted_without_rounds():
@@ -100,9 +125,10 @@ def test_peer_accept_lengths_give_mean_accepted_without_rounds():
 
 def test_median_repeat_is_one_real_run():
     q = Question("a", "x", ("one", "two"))
+    # totals 4, 3, 5: the median repeat is the first, both its turns (not each turn's own median)
     runs = [[turn([1], 3.0), turn([2], 1.0)], [turn([1], 1.0), turn([2], 2.0)], [turn([1], 2.0), turn([2], 3.0)]]
     a = median_answer("m", q, runs)
-    assert [t.wall_time for t in a.turns] == [2.0, 2.0]
+    assert a.turns == tuple(runs[0])
     assert a.repeat_walls == ((3.0, 1.0, 2.0), (1.0, 2.0, 3.0))
     even = median_answer("m", Question("a", "x", ("one",)), [[turn([1], 4.0)], [turn([1], 1.0)]])
     assert even.turns[0].wall_time == 1.0  # lower median
@@ -118,3 +144,41 @@ def test_answer_line_is_specbench_shaped_and_round_trips():
     assert choice["turns"] == ["t", "t"] and choice["new_tokens"] == [3, 3] and choice["wall_time"] == [0.5, 0.5]
     assert choice["accept_lengths"] == [2, 1, 2, 1]  # flat over turns, as Spec-Bench writes it
     assert parse_answer_line(row) == a
+
+
+def test_the_summary_takes_each_familys_reference_from_the_methods_that_answered(tmp_path):
+    """dw plain skipped (no answers): prompt lookup is measured and checked against the peer's
+    plain generation instead of reporting no speedup and no exactness check."""
+    from draftwise.bench.runner import BenchSettings
+    from draftwise.bench.store import ResultStore
+    from draftwise.bench.summary import build_summary
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Count from one to ten.\n")
+    settings = BenchSettings(workloads=(f"prompts:{prompts}",), target="smollm2-135m", max_new_tokens=8,
+                             methods=("plain=dw:proposer=none,backend=transformers", "peer=hf-plain",
+                                      "pl=dw:proposer=prompt-lookup,backend=transformers"))
+    out = tmp_path / "run"
+    store = ResultStore(out)
+    store.open(settings.as_dict(), resume=False)
+    for method, wall, tokens in (("peer", 2.0, [1, 2, 3]), ("pl", 1.0, [1, 2, 4])):
+        store.append(answer("prompts-1", "prompts", turn(tokens, wall), method=method), "m")
+    summary = build_summary(out)
+    pl = summary["methods"]["pl"]
+    assert pl["reference"] == "peer" and summary["methods"]["plain"]["reference"] is None
+    assert pl["overall"]["speedup"] == pytest.approx(2.0)
+    assert pl["overall"]["mismatches"] == 1 and pl["overall"]["compared_turns"] == 1
+
+
+def test_a_resumed_run_keeps_the_environments_of_earlier_sessions_that_differ(tmp_path):
+    import json
+
+    from draftwise.bench.main import earlier_environments
+
+    first, second = {"machine": {"cpu": "A"}, "threads": 2}, {"machine": {"cpu": "B"}, "threads": 2}
+    assert earlier_environments(tmp_path, first) == []  # no earlier session
+    (tmp_path / "session.json").write_text(json.dumps({"environment": first, "earlier_environments": []}))
+    assert earlier_environments(tmp_path, first) == []  # same machine: nothing to flag
+    assert earlier_environments(tmp_path, second) == [first]
+    (tmp_path / "session.json").write_text(json.dumps({"environment": second, "earlier_environments": [first]}))
+    assert earlier_environments(tmp_path, first) == [second]

@@ -45,6 +45,8 @@ def test_interrupted_run_resumes_without_redoing(tmp_path, pool, monkeypatch):
     assert asked == ["prompts-1", "prompts-1"]
     first_lines = {m: (out / "answers" / f"{m}.jsonl").read_text() for m in ("plain", "pl")}
     assert all(text.count("\n") == 1 for text in first_lines.values())
+    # written before the timed part: the interrupted session still says where it ran
+    assert json.loads((out / "session.json").read_text())["environment"]["threads"] == 1
 
     with pytest.raises(StoreError, match="--resume"):
         run_bench(settings(prompts), out, show_progress=False, pool=pool)
@@ -61,6 +63,8 @@ def test_interrupted_run_resumes_without_redoing(tmp_path, pool, monkeypatch):
     assert plain["overall"]["questions"] == pl["overall"]["questions"] == 2
     assert pl["reference"] == "plain" and pl["overall"]["mismatches"] == 0
     assert pl["overall"]["speedup"] is not None and pl["overall"]["time_split_ms"]["verify"] > 0
+    assert pl["overall"]["max_provisional_kv_bytes"] > 0 and pl["overall"]["compared_turns"] == 2
+    assert json.loads((out / "summary.json").read_text())["earlier_environments"] == []  # same machine throughout
     for name in ("summary.json", "report.md", "session.json"):
         assert (out / name).is_file()
     assert json.loads((out / "summary.json").read_text())["environment"]["threads"] == 1

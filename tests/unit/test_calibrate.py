@@ -34,7 +34,7 @@ def compiled(paths):
 
 def record(accepted: int, path) -> RoundRecord:
     return RoundRecord(nodes=4, proposal_depth=2, accepted=accepted, emitted=accepted + 1, fallback=False,
-                       temp_kv_bytes=0, slot_path=tuple(path))
+                       kv_bytes=0, slot_path=tuple(path))
 
 
 # ------------------------------------------------------------------ slot paths and counting

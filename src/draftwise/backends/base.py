@@ -39,6 +39,7 @@ class BackendInfo:
     eos_token_ids: frozenset[int]
     hidden_states: bool = False  # can expose hidden states (heads, adapters)
     max_verify_rows: int = 1 << 30  # largest 1 + N a single verify accepts
+    kv_row_bytes: int = 0  # KV cache bytes of one token's row (K and V, every layer); 0 = unknown
 
 
 class Backend(Protocol):

@@ -128,6 +128,7 @@ class LlamaCppBackend:
             eos_token_ids=frozenset(eos),
             hidden_states=False,
             max_verify_rows=_N_BATCH,
+            kv_row_bytes=_kv_geometry(handle).bytes_per_cell,
         )
         template = model_meta(handle, "tokenizer.chat_template")
         return cls(handle, ctx, info, _kv_geometry(handle), threads, max_tree_leaves, template)

@@ -75,6 +75,7 @@ class TransformersBackend:
             device=device,
             eos_token_ids=frozenset(int(e) for e in eos if e is not None),
             hidden_states=True,
+            kv_row_bytes=kv_row_bytes(net.config, getattr(torch, dtype)),
         )
         return cls(net, tokenizer, info)
 
@@ -193,6 +194,13 @@ class TransformersBackend:
     def chat_prompt(self, messages: Sequence[dict]) -> list[int]:
         ids = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+def kv_row_bytes(config, dtype: torch.dtype) -> int:
+    """One token's K and V over every layer: 2 * layers * kv heads * head dim * element size."""
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
 
 def _cache_kwarg(model) -> str:

@@ -103,7 +103,7 @@ def compare_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Per-method ratio changes (B / A) between two result directories."""
-    from draftwise.bench.compare import compare, load_summary, settings_differences
+    from draftwise.bench.compare import compare, load_summary, method_differences, settings_differences
 
     try:
         sa, sb = load_summary(a), load_summary(b)
@@ -112,9 +112,10 @@ def compare_cmd(
         return
     changes, only_a, only_b = compare(sa, sb, categories)
     differences = settings_differences(sa, sb)
+    unlike = method_differences(sa, sb)
     if as_json:
         print(json.dumps({"changes": [asdict(c) for c in changes], "only_in_a": only_a, "only_in_b": only_b,
-                          "settings_differences": differences}))
+                          "settings_differences": differences, "method_differences": unlike}))
         return
     table = Table("method", "scope", "tok/s A → B", "×", "speedup A → B", "×", "mean accepted A → B", "mismatches A → B",
                   title=f"B / A   (A = {a}, B = {b})")
@@ -130,3 +131,5 @@ def compare_cmd(
         err.print(f"only in B: {name}")
     for line in differences:
         err.print(f"[yellow]settings differ[/] {line}")
+    for line in unlike:
+        err.print(f"[yellow]not like-for-like[/] {line}")

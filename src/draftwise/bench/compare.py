@@ -1,7 +1,9 @@
 """`draftwise bench compare A B`: how each method changed between two result directories.
 
-Ratios are B / A (above 1: B is faster or accepts more).  Methods are matched by name;
-one present on a single side is listed as added or removed.
+Ratios are B / A: above 1, B has more of it (faster for tok/s and speedup, accepts more,
+but SLOWER for ms_per_token).  Methods are matched by name; one present on a single side is
+listed as added or removed.  A method whose two sides answered different numbers of
+questions, or were measured against different references, is compared anyway and flagged.
 """
 
 from __future__ import annotations
@@ -69,3 +71,17 @@ def settings_differences(a: dict, b: dict) -> list[str]:
     """Settings that make the two runs not like-for-like (the comparison still runs)."""
     sa, sb = a.get("settings", {}), b.get("settings", {})
     return [f"{k}: {sa.get(k)} -> {sb.get(k)}" for k in sorted(set(sa) | set(sb)) if k != "methods" and sa.get(k) != sb.get(k)]
+
+
+def method_differences(a: dict, b: dict) -> list[str]:
+    """Methods in both runs whose numbers are not like-for-like: other question counts (a
+    partial run against a full one) or another plain reference."""
+    lines = []
+    for name in (m for m in a["methods"] if m in b["methods"]):
+        ma, mb = a["methods"][name], b["methods"][name]
+        qa, qb = ma["overall"]["questions"], mb["overall"]["questions"]
+        if qa != qb:
+            lines.append(f"{name}: {qa} questions in A, {qb} in B (the ratios compare different question sets)")
+        if ma.get("reference") != mb.get("reference"):
+            lines.append(f"{name}: speedup over {ma.get('reference')} in A, over {mb.get('reference')} in B")
+    return lines

@@ -63,10 +63,16 @@ class DraftwiseExecutor:
             wall_time=wall,
             emit_offsets=tuple(clock.offsets),
             accept_lengths=tuple(r.emitted for r in records),
-            rounds=tuple((r.nodes, r.proposal_depth, r.accepted, r.emitted, int(r.fallback)) for r in records),
+            rounds=tuple((r.nodes, r.proposal_depth, r.accepted, r.emitted, int(r.fallback), *_frontier(r))
+                         for r in records),
             phase_seconds={p: sum(r.seconds.get(p, 0.0) for r in records) for p in PHASES},
-            max_temp_kv_bytes=max((r.temp_kv_bytes for r in records), default=0),
+            max_kv_bytes=max((r.kv_bytes for r in records), default=0),
         )
+
+
+def _frontier(record) -> tuple[int, int]:
+    """(candidates the frontier offered, slot of the one selected or -1); (0, -1) without any."""
+    return record.slot_path[0] if record.slot_path else (0, -1)
 
 
 def prepare(method: MethodSpec, pool: ModelPool, generation: GenerationConfig) -> Executor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
@@ -43,15 +44,37 @@ def run_bench(settings: BenchSettings, out: Path, resume: bool = False, console:
         warm_up(executors, plan.workload.questions[0], settings.warmup_tokens, session)
     for name, reason in session.skipped.items():
         console.print(f"[yellow]skipped[/] {name}: {reason}")
+    models = {m.target for m in plan.methods} | {m.draft for m in plan.methods if m.draft}
+    env = environment(settings.threads, models)
+    earlier = earlier_environments(out, env) if resume else []
+
+    def record_session() -> None:
+        store.write_json("session.json", {**asdict(session), "peak_rss_mb": round(peak_rss_mb(), 1), "environment": env,
+                                          "earlier_environments": earlier})
+
+    record_session()  # before the timed part too: a run stopped midway still says where it ran
     total = pending_generations(plan, executors, store)
     columns = (TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, disable=not show_progress) as progress:
         task = progress.add_task("bench", total=total)
         run_questions(plan, executors, store, lambda: progress.advance(task))
-    models = {m.target for m in plan.methods} | {m.draft for m in plan.methods if m.draft}
-    store.write_json("session.json", {**asdict(session), "peak_rss_mb": round(peak_rss_mb(), 1),
-                                      "environment": environment(settings.threads, models)})
+    record_session()
     return finish(out)
+
+
+def earlier_environments(out: Path, current: dict) -> list[dict]:
+    """The environments of the sessions before this one that differ from it: a resumed run
+    whose answers were measured on other machines, libraries or models says so."""
+    path = out / "session.json"
+    if not path.is_file():
+        return []
+    previous = json.loads(path.read_text())
+    found = [*previous.get("earlier_environments", []), previous.get("environment")]
+    distinct: list[dict] = []
+    for env in found:
+        if env and env != current and env not in distinct:
+            distinct.append(env)
+    return distinct
 
 
 def finish(out: Path) -> dict:

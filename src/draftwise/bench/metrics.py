@@ -5,14 +5,25 @@ Definitions (the report repeats them):
   then the mean over questions.  speedup = that mean / the same mean of the method's plain
   reference (same backend, same target), over the questions both answered.
 - time per committed token = total wall / total new tokens; draftwise methods split it into
-  the engine's phases, plus "other" (prefill, stop checks, callbacks: wall minus the phases).
+  the engine's phases (prefill = round 1's forward, prompt included; propose holds a REST
+  datastore's retrieval), plus "other" (stop checks, callbacks: wall minus the phases).
 - mean accepted = accepted draft tokens per verification step (bonus token not counted),
   pooled over every step; acceptance by depth, fallbacks and rows verified are pooled the
   same way with `draftwise.stats.summarize`, so they mean what the engine's stats mean.
+  fallback rate = rounds whose proposers returned nothing / all rounds.
+- first-child coverage = of the rounds whose frontier offered candidates, the share where the
+  target's next token was the FIRST candidate (what a one-candidate proposer would have got);
+  any-child coverage = the share where it was any of them.  Their gap is what the siblings
+  add.  Counted over the rounds that recorded the frontier (`coverage_rounds`).
+- provisional KV = the KV rows a round holds only until its commit (the pending token and
+  every candidate), (1 + candidate rows) x the target's bytes per KV row, the most of any
+  round; max KV adds the committed rows: the most KV the cache held during a round.
 - inter-token latency = gap between consecutive emit events; a round that publishes several
   tokens is one event, as a streaming reader sees it.  TTFT = start to the first event.
 - a mismatch is a (question, turn) whose tokens differ from the reference's; it is reported
   with the first differing position (temperature 0 only: sampled outputs legitimately differ).
+  `compared_turns` says how many turns had a reference answer to compare with; with none,
+  mismatches is None (unchecked), never 0.
 """
 
 from __future__ import annotations
@@ -59,9 +70,14 @@ class MethodMetrics:
     acceptance_by_depth: list[float] | None
     fallback_rate: float | None
     rows_verified_mean: float | None
-    max_temp_kv_bytes: int | None
+    first_child_coverage: float | None
+    any_child_coverage: float | None
+    coverage_rounds: int  # rounds whose frontier offered candidates and recorded which was taken
+    max_provisional_kv_bytes: int | None
+    max_kv_bytes: int | None
     latency: Latency
-    mismatches: int | None  # None: not checked (no reference, or sampling)
+    mismatches: int | None  # None: not checked (no reference answers to compare, or sampling)
+    compared_turns: int  # (question, turn) pairs compared with the reference
     mismatch_examples: list[Mismatch]
 
     def as_dict(self) -> dict:
@@ -75,17 +91,20 @@ def first_difference(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def find_mismatches(answers: list[Answer], reference: dict[str, Answer]) -> list[Mismatch]:
+def find_mismatches(answers: list[Answer], reference: dict[str, Answer]) -> tuple[list[Mismatch], int]:
+    """(the mismatches, how many (question, turn) pairs had a reference to compare with)."""
     found = []
+    compared = 0
     for answer in answers:
         ref = reference.get(answer.question_id)
         if ref is None or ref.error or answer.error:
             continue
         for turn, (mine, theirs) in enumerate(zip(answer.turns, ref.turns)):
+            compared += 1
             at = first_difference(mine.tokens, theirs.tokens)
             if at is not None:
                 found.append(Mismatch(answer.question_id, turn, at, len(mine.tokens), len(theirs.tokens)))
-    return found
+    return found, compared
 
 
 def mean_tokens_per_s(answers: list[Answer]) -> float:
@@ -126,8 +145,24 @@ def _round_records(answers: list[Answer]) -> list[RoundRecord] | None:
     turns = [t for a in answers for t in a.turns]
     if not turns or any(t.rounds is None for t in turns):
         return None
-    return [RoundRecord(nodes=n, proposal_depth=d, accepted=acc, emitted=e, fallback=bool(f), temp_kv_bytes=0)
-            for t in turns for (n, d, acc, e, f) in t.rounds]
+    return [RoundRecord(nodes=r[0], proposal_depth=r[1], accepted=r[2], emitted=r[3], fallback=bool(r[4]), kv_bytes=0)
+            for t in turns for r in t.rounds]
+
+
+def _coverage(answers: list[Answer]) -> tuple[float | None, float | None, int]:
+    """(first-child coverage, any-child coverage, rounds counted) over the rounds that recorded
+    their frontier (ROUND_FIELDS 5 and 6) and offered candidates there."""
+    frontier = [(r[5], r[6]) for a in answers for t in a.turns for r in (t.rounds or ()) if len(r) > 6 and r[5] > 0]
+    if not frontier:
+        return None, None, 0
+    first = sum(slot == 0 for _, slot in frontier) / len(frontier)
+    any_child = sum(slot >= 0 for _, slot in frontier) / len(frontier)
+    return round(first, 4), round(any_child, 4), len(frontier)
+
+
+def _max_provisional_kv(answers: list[Answer], kv_row_bytes: int | None) -> int | None:
+    rows = [1 + r[0] for a in answers for t in a.turns for r in (t.rounds or ())]
+    return max(rows) * kv_row_bytes if rows and kv_row_bytes else None
 
 
 def _acceptance(answers: list[Answer], tokens: int, wall: float) -> dict:
@@ -157,15 +192,20 @@ def _time_split(answers: list[Answer], tokens: int, wall: float) -> dict[str, fl
 
 
 def method_metrics(answers: list[Answer], reference: dict[str, Answer] | None, check_exact: bool,
-                   is_reference: bool = False) -> MethodMetrics:
+                   is_reference: bool = False, kv_row_bytes: int | None = None) -> MethodMetrics:
+    """`kv_row_bytes`: the target's KV bytes per token row, for the provisional KV (None: unknown)."""
     good = [a for a in answers if not a.error]
     tokens = sum(a.new_tokens for a in good)
     wall = sum(a.wall_time for a in good)
     speedup, per_prompt = (1.0, 1.0) if is_reference else _speedups(good, reference)
     acceptance = _acceptance(good, tokens, wall)
-    checked = check_exact and reference is not None and not is_reference and bool(good)
-    mismatches = find_mismatches(good, reference) if checked else []
-    kv = [t.max_temp_kv_bytes for a in good for t in a.turns if t.max_temp_kv_bytes is not None]
+    compare = check_exact and reference is not None and not is_reference
+    mismatches, compared = find_mismatches(good, reference) if compare else ([], 0)
+    if is_reference and check_exact:
+        compared = sum(len(a.turns) for a in good)  # identical to itself
+    checked = compared > 0
+    kv = [t.max_kv_bytes for a in good for t in a.turns if t.max_kv_bytes is not None]
+    first_child, any_child, coverage_rounds = _coverage(good)
     return MethodMetrics(
         questions=len(good),
         errors=len(answers) - len(good),
@@ -181,8 +221,13 @@ def method_metrics(answers: list[Answer], reference: dict[str, Answer] | None, c
         acceptance_by_depth=acceptance.get("acceptance_by_depth"),
         fallback_rate=acceptance.get("fallback_rate"),
         rows_verified_mean=acceptance.get("rows_verified_mean"),
-        max_temp_kv_bytes=max(kv) if kv else None,
+        first_child_coverage=first_child,
+        any_child_coverage=any_child,
+        coverage_rounds=coverage_rounds,
+        max_provisional_kv_bytes=_max_provisional_kv(good, kv_row_bytes),
+        max_kv_bytes=max(kv) if kv else None,
         latency=_latency(good),
-        mismatches=(len(mismatches) if checked else (0 if is_reference and check_exact and good else None)),
+        mismatches=len(mismatches) if checked else None,
+        compared_turns=compared,
         mismatch_examples=mismatches[:20],
     )

@@ -5,7 +5,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-ROUND_FIELDS = ("nodes", "depth", "accepted", "emitted", "fallback")
+# a round's numbers; the last two (how many candidates the frontier offered, and the slot of
+# the one the target took, -1 for none) are absent from answers written before they existed
+ROUND_FIELDS = ("nodes", "depth", "accepted", "emitted", "fallback", "frontier_children", "frontier_slot")
 
 
 @dataclass(frozen=True)
@@ -15,9 +17,9 @@ class TurnOutput:
     wall_time: float  # seconds around the whole call: prefill, decoding, stop checks
     emit_offsets: tuple[float, ...]  # seconds from the start to each emit event (a round, or one streamed token)
     accept_lengths: tuple[int, ...] | None  # tokens published per target verification step; None if unknown
-    rounds: tuple[tuple[int, int, int, int, int], ...] | None = None  # draftwise rounds, ROUND_FIELDS each
+    rounds: tuple[tuple[int, ...], ...] | None = None  # draftwise rounds, ROUND_FIELDS each
     phase_seconds: dict[str, float] | None = None  # draftwise phase -> total seconds
-    max_temp_kv_bytes: int | None = None
+    max_kv_bytes: int | None = None  # the most KV a round held, committed rows included
 
     def as_dict(self) -> dict:
         return {
@@ -28,7 +30,7 @@ class TurnOutput:
             "accept_lengths": None if self.accept_lengths is None else list(self.accept_lengths),
             "rounds": None if self.rounds is None else [list(r) for r in self.rounds],
             "phase_seconds": self.phase_seconds,
-            "max_temp_kv_bytes": self.max_temp_kv_bytes,
+            "max_kv_bytes": self.max_kv_bytes,
         }
 
     @classmethod
@@ -43,7 +45,8 @@ class TurnOutput:
             accept_lengths=None if accept is None else tuple(accept),
             rounds=None if rounds is None else tuple(tuple(r) for r in rounds),
             phase_seconds=row.get("phase_seconds"),
-            max_temp_kv_bytes=row.get("max_temp_kv_bytes"),
+            # "max_temp_kv_bytes" in answers written before the rename: the same quantity, misnamed
+            max_kv_bytes=row.get("max_kv_bytes", row.get("max_temp_kv_bytes")),
         )
 
 

@@ -60,8 +60,10 @@ class HfExecutor:
     def _kwargs(self, max_new_tokens: int) -> dict:
         eos = sorted(self.target.info.eos_token_ids)
         policy = self.generation.policy
+        # neutral penalties stated outright: a checkpoint's own generation_config may ship others
+        # (Qwen2.5 instruct releases carry repetition_penalty 1.05-1.1), and plain greedy has none
         kwargs = {"max_new_tokens": max_new_tokens, "min_new_tokens": 0, "num_beams": 1, "eos_token_id": eos,
-                  "pad_token_id": eos[0]}
+                  "pad_token_id": eos[0], "repetition_penalty": 1.0, "no_repeat_ngram_size": 0}
         if policy.greedy:
             kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None)
         else:
@@ -109,6 +111,7 @@ class LlamaCppExecutor:
         eos = self.tokenizer.info.eos_token_ids
         tokens: list[int] = []
         self.llama.reset()
+        self.llama.set_seed(self.generation.seed)  # every call starts from the seed, as draftwise's and transformers' do
         clock = EmitClock()
         iterator = self.llama.generate(list(prompt), temp=policy.temperature, top_k=policy.top_k, top_p=policy.top_p,
                                        min_p=0.0, typical_p=1.0, repeat_penalty=1.0)

@@ -13,7 +13,12 @@ llama.cpp legitimately produce different greedy text, so each is checked against
 temperature 0; a speedup with mismatches is not a valid speedup. *Mean accepted* is accepted
 draft tokens per verification step, the step's own target token not counted. *ms/token* is
 wall time per committed token; for draftwise methods it is split into the engine's phases
-(propose, compile, verify, select, commit) and *other* (prefill, stop checks, callbacks).
+(prefill: round 1's forward, prompt included; propose, which holds a REST datastore's
+retrieval; compile; verify; select; commit) and *other* (stop checks, callbacks, chat
+rendering). *First / any-child coverage*: of the rounds whose frontier offered candidates,
+the share where the target's next token was the first candidate / any candidate (the gap is
+what the siblings add). *Provisional KV* is the most KV a round held only until its commit
+(pending token and candidate rows); *max KV* adds the committed rows.
 *ITL* is the gap between consecutive emit events (a round that publishes several tokens is
 one event); llama.cpp peers yield drafted tokens one by one, so their gaps include near-zero
 ones. Peak memory is the process's maximum RSS, which only grows: the value after a
@@ -30,18 +35,27 @@ def _fmt(value, digits: int = 2) -> str:
 
 
 def _winner(summary: dict) -> str:
-    valid = [(m["overall"]["speedup"], name) for name, m in summary["methods"].items()
-             if m["overall"]["questions"] and m["overall"]["speedup"] is not None and m["overall"]["mismatches"] in (0, None)
-             and not m.get("plain")]
-    fastest = max(((m["overall"]["tokens_per_s"], n) for n, m in summary["methods"].items() if m["overall"]["questions"]),
-                  default=None)
+    """Methods are ranked only against others that answered every question (a partial run's
+    few easy questions must not outrank a full one); with none complete, over what exists, said so."""
+    total = summary["workload"]["questions"]
+    ran = {n: m for n, m in summary["methods"].items() if m["overall"]["questions"]}
+    complete = {n: m for n, m in ran.items() if m["overall"]["questions"] == total}
+    pool = complete or ran
+    most = max((m["overall"]["questions"] for m in ran.values()), default=0)
+    scope = "" if complete else f" (partial run, at most {most} of {total} questions per method: a provisional ranking)"
+    sampled = summary["settings"]["temperature"] != 0.0
+    valid = [(m["overall"]["speedup"], name) for name, m in pool.items()
+             if m["overall"]["speedup"] is not None and not m.get("plain")
+             and (m["overall"]["mismatches"] == 0 or sampled)]
+    fastest = max(((m["overall"]["tokens_per_s"], n) for n, m in pool.items()), default=None)
     lines = []
+    kind = "speedup (sampling: exact by construction, not compared token by token)" if sampled else "exact speedup"
     if valid:
         speedup, name = max(valid)
         if speedup > 1.0:
-            lines.append(f"Best exact speedup over its own backend's plain decoding: **{name}**, {speedup:.2f}x.")
+            lines.append(f"Best {kind} over its own backend's plain decoding: **{name}**, {speedup:.2f}x{scope}.")
         else:
-            lines.append(f"No exact method beat its plain reference (closest: **{name}**, {speedup:.2f}x).")
+            lines.append(f"No method beat its plain reference (closest: **{name}**, {speedup:.2f}x){scope}.")
     if fastest:
         lines.append(f"Highest absolute throughput: **{fastest[1]}**, {fastest[0]:.3f} tok/s.")
     bad = [n for n, m in summary["methods"].items() if m["overall"]["mismatches"]]
@@ -63,7 +77,11 @@ def _overview(summary: dict) -> list[str]:
         f"; temperature {s['temperature']}, {s['max_new_tokens']} new tokens at most, seed {s['seed']}, "
         f"{s['repeats']} repeat(s) (median kept), {s['threads']} threads.",
         f"Machine: {machine.get('cpu') or machine.get('machine', '?')}, {machine.get('cpus_usable', '?')} usable cores; "
-        f"libraries {', '.join(f'{k} {v}' for k, v in env.get('libraries', {}).items() if v)}.", "",
+        f"libraries {', '.join(f'{k} {v}' for k, v in env.get('libraries', {}).items() if v)}.",
+        *([f"**Resumed across environments**: {len(summary['earlier_environments'])} earlier session(s) ran in another "
+           "environment (machine, threads, libraries or model files; see summary.json), so answers from different "
+           "sessions were not measured side by side."] if summary.get("earlier_environments") else []),
+        "",
         "## Result", "", _winner(summary), "",
     ]
 
@@ -81,19 +99,19 @@ def _methods_table(summary: dict) -> list[str]:
 def _overall_table(summary: dict) -> list[str]:
     lines = ["## Overall", "",
              "| method | tok/s | speedup | median per-prompt speedup | ms/token | mean accepted | fallback rate | "
-             "rows/step | ITL p50 / p90 ms | TTFT ms | max temp KV MB | mismatches |",
+             "rows/step | ITL p50 / p90 ms | TTFT ms | KV MB provisional / max | mismatches |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, m in summary["methods"].items():
         o = m["overall"]
         if not o["questions"]:
             continue
         lat = o["latency"]
-        kv = None if o["max_temp_kv_bytes"] is None else o["max_temp_kv_bytes"] / 2**20
+        provisional, most = (None if o[k] is None else o[k] / 2**20 for k in ("max_provisional_kv_bytes", "max_kv_bytes"))
         lines.append(f"| {name} | {_fmt(o['tokens_per_s'], 3)} | {_fmt(o['speedup'])} | "
                      f"{_fmt(o['speedup_per_prompt_median'])} | {_fmt(o['ms_per_token'], 1)} | "
                      f"{_fmt(o['mean_accepted'])} | {_fmt(o['fallback_rate'])} | {_fmt(o['rows_verified_mean'], 1)} | "
                      f"{_fmt(lat['p50_ms'], 1)} / {_fmt(lat['p90_ms'], 1)} | {_fmt(lat['ttft_median_ms'], 0)} | "
-                     f"{_fmt(kv, 1)} | {_fmt(o['mismatches'])} |")
+                     f"{_fmt(provisional, 2)} / {_fmt(most, 1)} | {_fmt(o['mismatches'])} |")
     return lines + [""]
 
 
@@ -117,10 +135,14 @@ def _split_table(summary: dict) -> list[str]:
         return []
     phases = list(next(iter(rows.values()))["time_split_ms"])
     lines = ["## Where the time goes (ms per committed token)", "",
-             "| method | " + " | ".join(phases) + " | acceptance by depth |", "|---|" + "---|" * (len(phases) + 1)]
+             "| method | " + " | ".join(phases) + " | acceptance by depth | first / any-child coverage (rounds) |",
+             "|---|" + "---|" * (len(phases) + 2)]
     for name, o in rows.items():
         depth = ", ".join(f"{x:.2f}" for x in (o["acceptance_by_depth"] or [])) or "–"
-        lines.append(f"| {name} | " + " | ".join(_fmt(o["time_split_ms"][p], 2) for p in phases) + f" | {depth} |")
+        coverage = (f"{_fmt(o['first_child_coverage'])} / {_fmt(o['any_child_coverage'])} ({o['coverage_rounds']})"
+                    if o["coverage_rounds"] else "–")
+        lines.append(f"| {name} | " + " | ".join(_fmt(o["time_split_ms"][p], 2) for p in phases)
+                     + f" | {depth} | {coverage} |")
     return lines + [""]
 
 
@@ -132,16 +154,17 @@ def _exactness(summary: dict) -> list[str]:
         o = m["overall"]
         if o["mismatches"] is None:
             if o["questions"]:
-                lines.append(f"- {name}: not checked (no plain reference on its backend).")
+                lines.append(f"- {name}: not checked (no plain reference answers on its backend to compare with).")
             continue
         if m["reference"] == name:
             lines.append(f"- {name}: is the reference of its backend.")
         elif o["mismatches"] == 0:
-            lines.append(f"- {name}: identical to {m['reference']} on every turn.")
+            lines.append(f"- {name}: identical to {m['reference']} on all {o['compared_turns']} turns compared.")
         else:
             first = ", ".join(f"{x['question_id']} turn {x['turn']} at token {x['first_difference']}"
                               for x in o["mismatch_examples"][:5])
-            lines.append(f"- **{name}: {o['mismatches']} turn(s) differ from {m['reference']}**; first: {first}.")
+            lines.append(f"- **{name}: {o['mismatches']} of {o['compared_turns']} turns differ from {m['reference']}**; "
+                         f"first: {first}.")
     if any(m["overall"]["mismatches"] for m in summary["methods"].values()):
         lines += ["", "A difference disqualifies the speedup whatever its cause. Causes to tell apart: a bug, or kernels "
                       "whose rounding depends on the batch shape (llama.cpp's quantized CPU matmuls can flip a near-tie "

@@ -104,7 +104,8 @@ def prepare_all(plan: BenchPlan, pool: ModelPool, session: Session) -> dict[str,
         target = getattr(executors[method.name], "target", None) or getattr(executors[method.name], "tokenizer", None)
         if target is not None:
             session.checkpoints[method.name] = {"checkpoint": target.info.checkpoint,
-                                                "tokenizer_hash": target.info.tokenizer_hash}
+                                                "tokenizer_hash": target.info.tokenizer_hash,
+                                                "kv_row_bytes": target.info.kv_row_bytes or None}
     return executors
 
 
@@ -128,13 +129,12 @@ def answer_question(executor: Executor, question: Question) -> list[TurnOutput]:
 
 
 def median_answer(method: str, question: Question, repeats: list[list[TurnOutput]]) -> Answer:
-    turns, walls = [], []
-    for turn in range(len(question.turns)):
-        times = [r[turn].wall_time for r in repeats]
-        pick = int(np.argsort(times, kind="stable")[(len(times) - 1) // 2])
-        turns.append(repeats[pick][turn])
-        walls.append(tuple(times))
-    return Answer(method, question.question_id, question.category, tuple(turns), tuple(walls))
+    """The repeat with the median total wall time (the lower one for an even count), all its
+    turns together: a later turn's prompt holds the earlier turns' answers of its own repeat."""
+    totals = [sum(turn.wall_time for turn in run) for run in repeats]
+    pick = int(np.argsort(totals, kind="stable")[(len(totals) - 1) // 2])
+    walls = tuple(tuple(run[turn].wall_time for run in repeats) for turn in range(len(question.turns)))
+    return Answer(method, question.question_id, question.category, tuple(repeats[pick]), walls)
 
 
 def run_questions(plan: BenchPlan, executors: dict[str, Executor], store: ResultStore,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from draftwise.bench.methods import references
 from draftwise.bench.metrics import method_metrics
 from draftwise.bench.runner import BenchSettings, make_plan
 from draftwise.bench.store import Answer, ResultStore
@@ -30,14 +31,20 @@ def build_summary(root: Path) -> dict:
     answers = {m.name: _in_order(store.load(m.name), order) for m in plan.methods}
     by_id = {name: {a.question_id: a for a in rows} for name, rows in answers.items()}
     greedy = settings.temperature == 0.0
+    # each family's reference among the methods that answered: a plain method that was skipped
+    # or failed everywhere hands the role to the family's other plain method
+    answered = [m for m in plan.methods if any(not a.error for a in answers[m.name])]
+    refs = references(answered)
+    checkpoints = session.get("checkpoints", {})
     methods = {}
     for method in plan.methods:
-        ref_name = plan.references[method.name]
+        ref_name = refs.get(method.name)
         reference = by_id.get(ref_name) if ref_name else None
         is_ref = ref_name == method.name
         rows = answers[method.name]
-        overall = method_metrics(rows, reference, greedy, is_ref).as_dict()
-        categories = {c: method_metrics([a for a in rows if a.category == c], reference, greedy, is_ref).as_dict()
+        row_bytes = checkpoints.get(method.name, {}).get("kv_row_bytes")
+        overall = method_metrics(rows, reference, greedy, is_ref, row_bytes).as_dict()
+        categories = {c: method_metrics([a for a in rows if a.category == c], reference, greedy, is_ref, row_bytes).as_dict()
                       for c in plan.workload.categories}
         methods[method.name] = {
             "config": method.describe(),
@@ -58,6 +65,7 @@ def build_summary(root: Path) -> dict:
                      "multi_turn": sum(len(q.turns) > 1 for q in plan.workload.questions)},
         "methods": methods,
         "environment": session.get("environment", {}),
+        "earlier_environments": session.get("earlier_environments", []),  # resumed from other machines or libraries
         "peak_rss_mb": session.get("peak_rss_mb"),
         "checkpoints": session.get("checkpoints", {}),
     }
