@@ -86,12 +86,14 @@ def test_empty_proposals_fall_back_to_one_target_step(smol_target, prompt):
 
 
 class CountingBackend:
-    """Delegates to a backend and counts `extend` and `verify` calls (one draft forward each)."""
+    """Delegates to a backend and counts its forwards: `extend`, `verify` and `verify_more`
+    calls, and the rows the verifies evaluated."""
 
     def __init__(self, inner):
         self.inner = inner
         self.extends = 0
         self.verifies = 0
+        self.verify_rows = 0
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -102,7 +104,13 @@ class CountingBackend:
 
     def verify(self, pending, round_, unread=()):
         self.verifies += 1
+        self.verify_rows += 1 + (0 if round_ is None else round_.n)
         return self.inner.verify(pending, round_, unread)
+
+    def verify_more(self, round_, first_row):
+        self.verifies += 1
+        self.verify_rows += round_.n - first_row
+        return self.inner.verify_more(round_, first_row)
 
 
 class DepthRecordingProposer:
@@ -222,17 +230,21 @@ def test_incompatible_verifier_refused_before_target_work(smol_target, prompt):
                               GenerationConfig(policy=SamplingPolicy(temperature=1.0)))
 
 
-def test_a_draft_tree_costs_one_draft_pass_per_level(smol_target, smol_draft, prompt):
+def test_a_draft_tree_costs_one_draft_pass_per_level_and_reads_each_node_once(smol_target, smol_draft, prompt):
     from draftwise.contracts import SamplingRelation
     from draftwise.topology.templates import cartesian
 
     counting = CountingBackend(smol_draft)
-    config = DraftConfig(template=cartesian([2, 2]), relation=SamplingRelation.BEAM)
+    config = DraftConfig(template=cartesian([2, 2, 1]), relation=SamplingRelation.BEAM)
     proposer = DepthRecordingProposer(DraftModelProposer(counting, smol_target.info.tokenizer_hash, config))
-    result = decode(smol_target, [proposer], prompt, max_new_tokens=16)
-    assert result.tokens == decode(smol_target, [], prompt, max_new_tokens=16).tokens
-    levels = [min(2, d) for d in proposer.depths]  # the last rounds may cut the template short
-    assert len(levels) >= 3 and sum(levels) > len(levels)
+    result = decode(smol_target, [proposer], prompt, max_new_tokens=24)
+    assert result.tokens == decode(smol_target, [], prompt, max_new_tokens=24).tokens
+    levels = [min(3, d) for d in proposer.depths]  # the last rounds may cut the template short
+    assert len(levels) >= 3 and max(levels) == 3
     # level 1 comes from the extend that feeds the unseen tokens: no separate pass for it
     assert counting.extends == len(levels)
     assert counting.verifies == sum(level - 1 for level in levels)
+    # level 2 reads the pending token and level 1's 2 nodes, level 3 only level 2's 4 nodes
+    # (re-reading the tree so far would cost 1 + 2 + 4 more rows at level 3)
+    rows_by_level = {1: 0, 2: 1 + 2, 3: 1 + 2 + 4}
+    assert counting.verify_rows == sum(rows_by_level[level] for level in levels)

@@ -117,3 +117,71 @@ def test_first_round_reads_the_prompt_in_the_verify_forward(smol_target, paths):
     backend.rollback()
     want = fresh_logits(backend, committed + [11])
     assert torch.allclose(probe, want, atol=2e-4, rtol=1e-4), (probe - want).abs().max()
+
+
+GROWTHS = {
+    "plain": (None, [[100, 7], [300]]),
+    "chain": ([[100, 7]], [[100, 7, 8], [100, 5], [300, 9]]),
+    "tree": ([[100, 7], [300]], [[100, 7], [300], [100, 7, 8], [300, 9], [100, 5]]),
+}
+
+
+@pytest.mark.parametrize("start", sorted(GROWTHS))
+def test_grown_round_rows_and_commit_match_fresh_prefill(smol_target, start):
+    """verify_more appends rows to the provisional round (a draft tree's next level): each new
+    row equals a fresh prefill of its path, and committing a path through new rows publishes
+    exactly that path."""
+    backend = smol_target
+    prompt = backend.tokenize("Once upon a time there was")
+    first_paths, all_paths = GROWTHS[start]
+    first = None if first_paths is None else compile_round(len(prompt), [result_from_paths(first_paths)])
+    grown = compile_round(len(prompt), [result_from_paths((first_paths or []) + all_paths)])
+    have = 0 if first is None else first.n
+    backend.reset()
+    backend.extend(prompt[:-1])
+    backend.verify(prompt[-1], first)
+    got = backend.verify_more(grown, have).logits.clone()  # [N - have, V]
+    assert got.shape[0] == grown.n - have
+    assert backend.info.kv_row_bytes > 0  # every row is provisional or committed, none twice
+    assert backend.kv_bytes() == (len(prompt) + grown.n) * backend.info.kv_row_bytes
+    backend.rollback()
+    assert backend.cached_len == len(prompt) - 1
+    for i in range(grown.n - have):
+        want = fresh_logits(backend, prompt + list(grown.path_tokens(have + i)))
+        assert torch.allclose(got[i], want, atol=2e-4, rtol=1e-4), (i, (got[i] - want).abs().max())
+
+    backend.reset()
+    backend.extend(prompt[:-1])
+    backend.verify(prompt[-1], first)
+    backend.verify_more(grown, have)
+    accepted = []  # the path to the last row, a new one, not a prefix of the row order
+    row = grown.n - 1
+    while row != -1:
+        accepted.insert(0, row)
+        row = int(grown.parent[row])
+    backend.commit(accepted)
+    committed = prompt + [int(grown.token_ids[r]) for r in accepted]
+    assert backend.cached_len == len(committed)
+    probe = backend.verify(11, None).logits[0].clone()
+    backend.rollback()
+    want = fresh_logits(backend, committed + [11])
+    assert torch.allclose(probe, want, atol=2e-4, rtol=1e-4), (probe - want).abs().max()
+
+
+def test_verify_more_refuses_a_round_that_does_not_extend_the_provisional_one(smol_target):
+    from draftwise.backends.base import BackendError
+
+    backend = smol_target
+    prompt = backend.tokenize("def add(a, b):\n    return")
+    backend.reset()
+    backend.extend(prompt[:-1])
+    first = compile_round(len(prompt), [result_from_paths([[100, 200]])])
+    with pytest.raises(BackendError, match="without a provisional verify"):
+        backend.verify_more(first, 0)
+    backend.verify(prompt[-1], first)
+    with pytest.raises(BackendError, match="begin with the provisional rows"):
+        backend.verify_more(compile_round(len(prompt), [result_from_paths([[100, 201], [300]])]), 2)
+    with pytest.raises(BackendError, match="prefix_len"):
+        backend.verify_more(compile_round(len(prompt) + 1, [result_from_paths([[100, 200], [300]])]), 2)
+    backend.rollback()
+    assert backend.cached_len == len(prompt) - 1

@@ -68,11 +68,18 @@ def make_round(prefix_len: int, nodes: list[tuple[int, int]]):
     return compile_round(prefix_len, [result], TreeLimits(max_nodes=64, max_depth=16))
 
 
-def random_nodes(rng, n: int, max_depth: int, max_leaves: int) -> list[tuple[int, int]]:
-    """A random tree of n nodes (parents first) with at most max_depth levels and max_leaves leaves."""
+def random_nodes(rng, n: int, max_depth: int, max_leaves: int, start=()) -> list[tuple[int, int]]:
+    """A random tree of n nodes (parents first) with at most max_depth levels and max_leaves
+    leaves; the first nodes are `start` (a tree grown from it)."""
     nodes: list[tuple[int, int]] = []
     depth: list[int] = []
     n_children: list[int] = []
+    for token, parent in start:
+        nodes.append((token, parent))
+        depth.append(1 if parent == -1 else depth[parent] + 1)
+        n_children.append(0)
+        if parent != -1:
+            n_children[parent] += 1
     while len(nodes) < n:
         parent = int(rng.integers(-1, len(nodes)))
         d = 1 if parent == -1 else depth[parent] + 1
@@ -252,3 +259,98 @@ def test_a_chain_only_context_is_profiled_with_chains():
     assert measured["rows"] == [1, 3, 6] and all(s > 0 for s in measured["absolute_s"])
     with pytest.raises(BackendError, match="leaves"):  # random trees need tree sequences
         profile_verify_cost(chain_only, prefix_len=32, rows=(1, 3, 6), repeats=1)
+
+
+def _grow(backend: LlamaCppBackend, pending: int, nodes: list[tuple[int, int]], cuts: list[int]):
+    """Verify nodes[:cuts[0]] (None when 0), then verify_more up to each later cut; return the
+    final round and logits [1+N, V] assembled from the calls (pending row first)."""
+    t = backend.cached_len
+    first = make_round(t + 1, nodes[: cuts[0]]) if cuts[0] else None
+    parts = [backend.verify(pending, first).logits.copy()]
+    for start, stop in zip(cuts, cuts[1:]):
+        grown = make_round(t + 1, nodes[:stop])
+        parts.append(backend.verify_more(grown, start).logits.copy())  # [stop - start, V]
+        assert parts[-1].shape[0] == stop - start
+    return make_round(t + 1, nodes[: cuts[-1]]), np.concatenate(parts)
+
+
+def test_grown_rounds_match_sequential_decoding(backend, prompt):
+    """A round grown by verify_more from a plain verify, a chain and a tree (new rows under
+    leaves, under inner rows and at the frontier) gives every row its own path's logits."""
+    rng = np.random.default_rng(3)
+    tok = lambda: int(rng.integers(100, 40000))  # noqa: E731
+    chain_then_branches = [(tok(), -1), (tok(), 0), (tok(), 1), (tok(), 2), (tok(), 0), (tok(), 4), (tok(), 3)]
+    tree_then_levels = [(tok(), -1), (tok(), -1), (tok(), 0), (tok(), 0), (tok(), 1),  # level 1-2
+                        (tok(), 2), (tok(), 3), (tok(), 3), (tok(), 0), (tok(), -1), (tok(), 6)]
+    for nodes, cuts in [(chain_then_branches, [0, 4, 7]), (chain_then_branches, [4, 6, 7]),
+                        (tree_then_levels, [5, 9, 11]), (tree_then_levels, [2, 5, 11])]:
+        backend.reset()
+        backend.extend(prompt[:-1])
+        round_, got = _grow(backend, prompt[-1], nodes, cuts)
+        assert got.shape == (1 + round_.n, backend.info.vocab_size)
+        assert backend.kv_bytes() == (len(prompt) + round_.n) * backend.geometry.bytes_per_cell
+        backend.rollback()
+        _assert_only_sequence_zero(backend)
+        assert_close(got[0], fresh_logits(backend, list(prompt)), f"pending row, cuts {cuts}")
+        for r in range(round_.n):
+            assert_close(got[r + 1], fresh_logits(backend, list(prompt) + list(round_.path_tokens(r))),
+                         f"row {r}, cuts {cuts}")
+
+
+def test_commit_after_grown_rounds_matches_fresh_prefill(backend, prompt):
+    rng = np.random.default_rng(4)
+    backend.reset()
+    backend.extend(prompt[:-1])
+    committed, pending = list(prompt[:-1]), prompt[-1]
+    through_new = 0
+    for i in range(30):
+        n = int(rng.integers(3, 11))
+        first = int(rng.integers(0, n))  # rows of the first verify (0: pending only)
+        if first and i % 3 == 0:  # a chain first: sequence 0 holds it, branches grow from it
+            start = [(int(rng.integers(100, 40000)), j - 1) for j in range(first)]
+        else:
+            start = random_nodes(rng, first, 4, MAX_LEAVES // 2)
+        nodes = random_nodes(rng, n, 5, MAX_LEAVES // 2, start=start)
+        cuts = sorted({first, int(rng.integers(first, n)) + 1, n})  # one or two verify_more calls
+        round_, logits = _grow(backend, pending, nodes, cuts)
+        row = int(rng.integers(-1, round_.n))  # the deepest accepted row; -1 = none accepted
+        accepted = []
+        while row != -1:
+            accepted.insert(0, row)
+            row = int(round_.parent[row])
+        through_new += bool(accepted) and accepted[-1] >= cuts[0]
+        bonus = int(np.argmax(logits[accepted[-1] + 1 if accepted else 0]))
+        backend.commit(accepted)
+        committed += [pending] + [int(round_.token_ids[r]) for r in accepted]
+        pending = bonus
+        assert backend.cached_len == len(committed)
+        _assert_only_sequence_zero(backend)
+    assert through_new >= 5
+    probe = backend.verify(pending, None).logits[0].copy()
+    backend.rollback()
+    assert_close(probe, fresh_logits(backend, committed + [pending]), "next-token logits after 30 grown rounds")
+
+
+def test_verify_more_refuses_what_does_not_extend_the_round(backend, prompt):
+    backend.reset()
+    backend.extend(prompt[:-1])
+    t = backend.cached_len
+    base = [(1000, -1), (2000, -1)]
+    with pytest.raises(BackendError, match="without a provisional verify"):
+        backend.verify_more(make_round(t + 1, base + [(3000, 0)]), 2)
+    backend.verify(prompt[-1], make_round(t + 1, base))
+    with pytest.raises(BackendError, match="2 candidate rows are provisional"):
+        backend.verify_more(make_round(t + 1, base + [(3000, 0)]), 1)
+    with pytest.raises(BackendError, match="begin with the provisional rows"):
+        backend.verify_more(make_round(t + 1, [(1000, -1), (2500, -1), (3000, 0)]), 2)
+    with pytest.raises(BackendError, match="no new rows"):
+        backend.verify_more(make_round(t + 1, base), 2)
+    wide = base + [(3000 + i, 0) for i in range(MAX_LEAVES)]  # 1 + 8 leaves > 8 sequences
+    with pytest.raises(BackendError, match="max_tree_leaves"):
+        backend.verify_more(make_round(t + 1, wide), 2)
+    # every refusal left the provisional round as it was: it still grows and commits
+    grown = make_round(t + 1, base + [(3000, 1)])
+    got = backend.verify_more(grown, 2).logits[0].copy()
+    backend.commit([1, 2])
+    _assert_only_sequence_zero(backend)
+    assert_close(got, fresh_logits(backend, list(prompt) + [2000, 3000]), "grown row after refusals")

@@ -15,6 +15,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
+import numpy as np
+
 from draftwise.topology.compile import CompiledRound
 from draftwise.verify.base import TargetLogits
 
@@ -58,6 +60,13 @@ class Backend(Protocol):
         """Provisionally evaluate pending + candidate rows; logits row 0 = pending, row r + 1 = candidate r.
         `unread` tokens (the prompt, in round 1) are read first and committed: cached_len grows by their count."""
 
+    def verify_more(self, round_: CompiledRound, first_row: int) -> TargetLogits:
+        """Evaluate candidate rows [first_row, N) of `round_` on top of the provisional rows of the
+        last verify, which evaluated exactly rows [0, first_row) of it (a tree grown by appending
+        rows, as a draft model grows its tree level by level).  Logits row i = candidate
+        first_row + i; commit and rollback then cover every provisional row, with row indices
+        of `round_`."""
+
     def commit(self, accepted_rows: Sequence[int]) -> None:
         """Keep the pending row and the accepted candidate rows (one root-to-node path); drop the rest."""
 
@@ -86,6 +95,24 @@ def check_fits(info: BackendInfo, prompt_tokens: int, max_new_tokens: int) -> No
             f"prompt ({prompt_tokens} tokens) plus max_new_tokens ({max_new_tokens}) needs {need} positions, "
             f"but {info.checkpoint} has a context of {info.context_length}; shorten the prompt or lower max_new_tokens"
         )
+
+
+def check_grows(provisional: CompiledRound | None, provisional_rows: int, prefix_len: int,
+                round_: CompiledRound, first_row: int) -> None:
+    """Refuse a `verify_more` whose round does not extend the provisional one row for row
+    (`provisional` is the last verify's round, None for a pending-only verify)."""
+    if not provisional_rows:
+        raise BackendError("verify_more() without a provisional verify")
+    have = 0 if provisional is None else provisional.n
+    if first_row != have:
+        raise BackendError(f"verify_more() from row {first_row}, but {have} candidate rows are provisional")
+    if first_row >= round_.n:
+        raise BackendError(f"verify_more() with no new rows (round of {round_.n}, first row {first_row})")
+    if round_.prefix_len != prefix_len:
+        raise BackendError(f"round compiled for prefix_len {round_.prefix_len}, but the pending token sits at {prefix_len - 1}")
+    if provisional is not None and not (np.array_equal(round_.token_ids[:have], provisional.token_ids)
+                                        and np.array_equal(round_.parent[:have], provisional.parent)):
+        raise BackendError("verify_more() round does not begin with the provisional rows (same tokens, same parents)")
 
 
 def tokenizer_fingerprint(token_strings: Sequence[str]) -> str:

@@ -12,6 +12,11 @@ prefix, the pending token and the row's ancestors: siblings never see each other
 A chain round (and plain decoding, `round_ is None`) lives in sequence 0 alone: the causal
 mask is already right, so nothing is copied and nothing has to be undone but a trim.
 
+`verify_more` grows a provisional round (a draft model's tree, level by level): each new
+leaf takes over the sequence of the old leaf it hangs from (that sequence already holds its
+path) or gets a free one, `seq_cp`'d from a sequence through its deepest provisional ancestor
+up to that ancestor's position; the new rows then join their leaves' sequences in one batch.
+
 Commit of a tree keeps the accepted path in sequence 0 and frees every other cell:
 `seq_keep(s)` for a leaf s below the accepted node (cells off that path are freed, the rest
 keep only s), `seq_rm(s, t + 1 + k, -1)` trims rows below the accepted node, `seq_cp(s, 0)`
@@ -31,7 +36,7 @@ from typing import Sequence
 import llama_cpp
 import numpy as np
 
-from draftwise.backends.base import BackendError, BackendInfo, ContextOverflow
+from draftwise.backends.base import BackendError, BackendInfo, ContextOverflow, check_grows
 from draftwise.backends.llamacpp_batch import NumpyBatch
 from draftwise.backends.llamacpp_text import detokenize, model_meta, render_chat, tokenize, vocab_texts
 from draftwise.backends.base import tokenizer_fingerprint
@@ -79,8 +84,10 @@ class LlamaCppBackend:
         self._batch = NumpyBatch(max(_N_BATCH, info.max_verify_rows), max_tree_leaves + 1)
         self._committed = 0  # cells of sequence 0 that are authoritative: positions [0, committed)
         self._pending_rows = 0  # provisional rows of the last verify (pending included)
-        self._round: CompiledRound | None = None  # the provisional tree round; None for plain/chain
-        self._leaves: list[int] = []  # leaf rows of that tree round; leaf i owns sequence i + 1
+        self._round: CompiledRound | None = None  # the provisional round; None for a pending-only verify
+        # sequence -> the candidate row its path ends at: a chain lives in sequence 0, leaf i of a
+        # tree in sequence i + 1; every provisional row lies on the path of some sequence
+        self._seq_end: dict[int, int] = {}
         self._finalizer = weakref.finalize(self, _free, model, ctx)
 
     # ---- loading -------------------------------------------------------------------------
@@ -147,6 +154,7 @@ class LlamaCppBackend:
         self._committed = 0
         self._pending_rows = 0
         self._round = None
+        self._seq_end = {}
 
     def _decode(self, what: str) -> None:
         code = llama_cpp.llama_decode(self._ctx, self._batch.struct)
@@ -200,10 +208,57 @@ class LlamaCppBackend:
         if _is_chain(round_):
             self._batch.set_sequence(tokens, t, last_logits_only=False)
             self._decode("verify")
+            self._round, self._seq_end = round_, ({0: n - 1} if n else {})
         else:
             self._verify_tree(round_, tokens, positions)
         self._pending_rows = 1 + n
         return NumpyLogits(self._logits_view(1 + n))  # [1+N, V]
+
+    def verify_more(self, round_: CompiledRound, first_row: int) -> NumpyLogits:
+        check_grows(self._round, self._pending_rows, self._committed + 1, round_, first_row)
+        n, t = round_.n, self._committed
+        if 1 + n > self.info.max_verify_rows:
+            raise BackendError(f"round of {1 + n} rows exceeds this backend's limit of {self.info.max_verify_rows}")
+        self._check_room(1 + n)
+        new_leaves = [leaf for leaf in round_.leaves() if leaf >= first_row]
+        # plan every sequence before touching the cache, so a refusal leaves the round as it was
+        owned = {end: seq for seq, end in self._seq_end.items() if seq != 0}  # old leaf row -> its sequence
+        free = [s for s in range(1, self.max_tree_leaves + 1) if s not in self._seq_end]
+        plan: list[tuple[int, int, int]] = []  # (new leaf, its sequence, the provisional row it hangs from)
+        for leaf in new_leaves:
+            anchor = _deepest_ancestor_before(round_, leaf, first_row)
+            if anchor in owned:
+                plan.append((leaf, owned.pop(anchor), -2))  # the old leaf's sequence is exactly its path: reuse it
+            elif free:
+                plan.append((leaf, free.pop(0), anchor))
+            else:
+                raise BackendError(
+                    f"growing the round to {len(round_.leaves())} leaves needs more sequences than the "
+                    f"{self.max_tree_leaves} this context was built for (load with a larger max_tree_leaves)"
+                )
+        for leaf, seq, anchor in plan:
+            if anchor == -2:
+                continue
+            if anchor == -1:  # hangs from the pending token: sequence 0 holds the prefix and it
+                source, end = 0, t + 1
+            else:
+                source = next(s for s, e in self._seq_end.items() if round_.ancestor_mask[e, anchor])
+                end = int(round_.position_ids[anchor]) + 1
+            llama_cpp.llama_memory_seq_cp(self._mem, source, seq, -1, end)  # positions [0, end)
+        member = np.zeros((n - first_row, 1 + max(seq for _, seq, _ in plan)), dtype=bool)  # [M, S'] row in sequence?
+        for leaf, seq, _ in plan:
+            member[:, seq] = round_.ancestor_mask[leaf, first_row:]  # new row r lies on the leaf's path
+        for leaf, seq, _ in plan:
+            self._seq_end[seq] = leaf
+        self._round = round_
+        self._pending_rows = 1 + n  # before the decode: a failure below rolls back every provisional row
+        self._batch.set_tree(round_.token_ids[first_row:], round_.position_ids[first_row:], member)
+        try:
+            self._decode("verify_more")
+        except BackendError:
+            self.rollback()
+            raise
+        return NumpyLogits(self._logits_view(n - first_row))  # [M, V]
 
     def _verify_tree(self, round_: CompiledRound, tokens: np.ndarray, positions: np.ndarray) -> None:
         leaves = round_.leaves()
@@ -219,7 +274,7 @@ class LlamaCppBackend:
         for s in range(1, 1 + len(leaves)):
             llama_cpp.llama_memory_seq_cp(self._mem, 0, s, -1, -1)
         self._batch.set_tree(tokens, positions, member)
-        self._round, self._leaves = round_, leaves
+        self._round, self._seq_end = round_, {i + 1: leaf for i, leaf in enumerate(leaves)}
         try:
             self._decode("verify")
         except BackendError:
@@ -232,48 +287,54 @@ class LlamaCppBackend:
         t, k = self._committed, len(accepted_rows)
         end = t + 1 + k  # sequence 0 will hold positions [0, end)
         if self._round is None:
-            if list(accepted_rows) != list(range(k)) or k > self._pending_rows - 1:
-                raise BackendError(f"accepted rows {list(accepted_rows)} are not a prefix of the chain")
-            self._seq_rm(0, end)
-        elif k == 0:
-            llama_cpp.llama_memory_seq_keep(self._mem, 0)  # pending stays; every tree cell and leaf tag goes
+            if k:
+                raise BackendError(f"accepted rows {list(accepted_rows)}, but the verify had no candidate rows")
+            seq = 0
         else:
-            leaf_seq = self._leaf_seq_through(accepted_rows)
-            llama_cpp.llama_memory_seq_keep(self._mem, leaf_seq)
-            self._seq_rm(leaf_seq, end)  # rows below the accepted node, when it is not a leaf
-            llama_cpp.llama_memory_seq_cp(self._mem, leaf_seq, 0, -1, -1)
-            self._seq_rm(leaf_seq, -1)
+            seq = self._seq_through(accepted_rows)
+        if seq == 0:
+            if set(self._seq_end) - {0}:
+                llama_cpp.llama_memory_seq_keep(self._mem, 0)  # every other sequence's cells and tags go
+            self._seq_rm(0, end)  # sequence 0's rows past the accepted ones (a chain's tail)
+        else:
+            llama_cpp.llama_memory_seq_keep(self._mem, seq)
+            self._seq_rm(seq, end)  # rows below the accepted node, when it is not a leaf
+            llama_cpp.llama_memory_seq_cp(self._mem, seq, 0, -1, -1)
+            self._seq_rm(seq, -1)
         self._committed = end
         self._pending_rows = 0
-        self._round = None
+        self._round, self._seq_end = None, {}
 
-    def _leaf_seq_through(self, accepted_rows: Sequence[int]) -> int:
-        """Sequence of a leaf below the last accepted row, after checking the rows form one root path."""
+    def _seq_through(self, accepted_rows: Sequence[int]) -> int:
+        """A sequence holding the accepted rows (0 when none is accepted and sequence 0 is the
+        only one, or the chain holds them), after checking they form one root path."""
         round_ = self._round
         parent = -1
         for row in accepted_rows:
             if not 0 <= row < round_.n or round_.parent[row] != parent:
                 raise BackendError(f"accepted rows {list(accepted_rows)} are not one root-to-node path")
             parent = row
-        for i, leaf in enumerate(self._leaves):
-            if round_.ancestor_mask[leaf, parent]:
-                return i + 1
-        raise AssertionError("every row has a leaf below it")
+        if parent == -1:
+            return 0
+        for seq, end in sorted(self._seq_end.items()):
+            if round_.ancestor_mask[end, parent]:
+                return seq
+        raise AssertionError("every provisional row lies on some sequence's path")
 
     def rollback(self) -> None:
         if not self._pending_rows:
             return
-        if self._round is None:
-            self._seq_rm(0, self._committed)
-        else:
+        if set(self._seq_end) - {0}:
             self._drop_tree(self._committed)
+        else:  # pending-only or a chain: sequence 0 alone holds the provisional rows
+            self._seq_rm(0, self._committed)
         self._pending_rows = 0
-        self._round = None
+        self._round, self._seq_end = None, {}
 
     def _drop_tree(self, t: int) -> None:
         llama_cpp.llama_memory_seq_keep(self._mem, 0)  # frees tree cells, strips leaf tags from the prefix
         self._seq_rm(0, t)  # the pending token
-        self._round = None
+        self._round, self._seq_end = None, {}
 
     def truncate(self, length: int) -> None:
         self.rollback()
@@ -312,6 +373,13 @@ class LlamaCppBackend:
 
     def _token_text(self, token: int) -> str:
         return "" if token < 0 else (llama_cpp.llama_vocab_get_text(self._vocab, token) or b"").decode("utf-8", "replace")
+
+
+def _deepest_ancestor_before(round_: CompiledRound, row: int, first_row: int) -> int:
+    """The deepest ancestor of `row` among rows [0, first_row) (-1 = the pending token)."""
+    while row >= first_row:
+        row = int(round_.parent[row])
+    return row
 
 
 def _is_chain(round_: CompiledRound) -> bool:

@@ -4,7 +4,8 @@ A round is ONE forward pass over [pending, candidate rows] with explicit positio
 an additive 4D attention mask [1, 1, 1 + N, T + 1 + N] (every committed column visible,
 candidate columns visible only for self and ancestors), on the model's own DynamicCache.
 No modeling code is copied or patched.  `commit` gathers the accepted rows of every layer's
-cache next to the pending row and crops the rest.
+cache next to the pending row and crops the rest.  `verify_more` appends rows to the
+provisional tree with one more forward whose mask shows them their provisional ancestors.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 
 from draftwise.artifacts import read_manifest, write_manifest
-from draftwise.backends.base import BackendError, BackendInfo, tokenizer_fingerprint
+from draftwise.backends.base import BackendError, BackendInfo, check_grows, tokenizer_fingerprint
 from draftwise.models import ResolvedModel, cache_dir
 from draftwise.sampling import SamplingPolicy
 from draftwise.topology.compile import CompiledRound
@@ -47,6 +48,7 @@ class TransformersBackend:
         self._cache = None
         self._committed = 0  # KV rows that are authoritative
         self._pending_rows = 0  # provisional rows appended by the last verify (pending included)
+        self._round: CompiledRound | None = None  # the provisional round (None: pending only); rows grow by verify_more
         self._cache_kwarg = _cache_kwarg(model)
 
     # ---- loading -------------------------------------------------------------------------
@@ -137,16 +139,37 @@ class TransformersBackend:
         logits = self._forward(ids, positions, mask, keep=1 + n)  # [1+N, V]: the unread rows' are not needed
         self._committed = t  # the unread rows are context: committed, whatever the round's outcome
         self._pending_rows = 1 + n
+        self._round = round_
+        return TorchLogits(logits)
+
+    def verify_more(self, round_: CompiledRound, first_row: int) -> TorchLogits:
+        check_grows(self._round, self._pending_rows, self._committed + 1, round_, first_row)
+        n, t = round_.n, self._committed
+        if 1 + n > self.info.max_verify_rows:
+            raise BackendError(f"round of {1 + n} rows exceeds this backend's limit of {self.info.max_verify_rows}")
+        # the new rows follow the provisional ones in the cache, so cache column t + 1 + r is row r
+        visible = torch.zeros((n - first_row, t + 1 + n), dtype=torch.bool)  # [M, T+1+N]
+        visible[:, : t + 1] = True  # the committed prefix and the pending token
+        visible[:, t + 1 :] = torch.from_numpy(round_.ancestor_mask[first_row:])  # self and ancestors
+        positions = torch.from_numpy(round_.position_ids[first_row:]).to(self.device)[None]  # [1, M]
+        logits = self._forward(round_.token_ids[first_row:].tolist(), positions, self._additive(visible),
+                               keep=n - first_row)  # [M, V]
+        self._pending_rows = 1 + n
+        self._round = round_
         return TorchLogits(logits)
 
     def _tree_mask(self, t: int, u: int, round_: CompiledRound) -> torch.Tensor:
         """Additive mask [1, 1, U+1+N, T+1+N] for u unread rows, the pending row at position t and N candidates."""
         n = round_.n
-        dtype = self.model.dtype
         visible = torch.zeros((u + 1 + n, t + 1 + n), dtype=torch.bool)  # [U+1+N, T+1+N]
         visible[: u + 1, : t + 1] = torch.arange(t + 1)[None] <= torch.arange(t - u, t + 1)[:, None]  # causal
         visible[u + 1 :, : t + 1] = True  # candidates see the committed prefix, the unread rows and the pending token
         visible[u + 1 :, t + 1 :] = torch.from_numpy(round_.ancestor_mask)
+        return self._additive(visible)
+
+    def _additive(self, visible: torch.Tensor) -> torch.Tensor:
+        """[Q, K] bool -> additive mask [1, 1, Q, K] in the model's dtype."""
+        dtype = self.model.dtype
         mask = torch.zeros(visible.shape, dtype=dtype)
         mask.masked_fill_(~visible, torch.finfo(dtype).min)
         return mask[None, None].to(self.device)

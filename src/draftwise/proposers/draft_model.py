@@ -8,7 +8,8 @@ Chain mode draws k tokens one incremental step at a time and may stop early when
 own confidence drops below a threshold (transformers' `assistant_confidence_threshold`); the
 stop depends on draft quantities only, so exactness is untouched.  Tree mode expands a
 template level by level, one draft pass per level (level 1 comes from the same extend that
-feeds the unseen tokens; each deeper level re-reads the tree so far), with children drawn
+feeds the unseen tokens; level 2 verifies level 1's rows, and each deeper pass adds only the
+previous level's rows to the provisional tree, so every node is evaluated once), with children drawn
 i.i.d., without replacement, or as deterministic top-k; the declared sampling relation is
 the one really used.  Every expanded parent records the whole distribution its children were
 drawn from, so residual verifiers get vectors, not scalars.
@@ -156,6 +157,12 @@ class DraftModelProposer:
         shared = self._sync(context, keep_last=True)
         level_one = self.draft.extend(list(context[shared:]))
         self._cached.extend(context[shared:])
+        try:
+            return self._expand(context, template, level_one)
+        finally:
+            self.draft.rollback()  # the tree's rows were provisional: the draft keeps the context only
+
+    def _expand(self, context: Sequence[int], template: Template, level_one) -> tuple[list[ProposalNode], dict[int, np.ndarray]]:
         slots = slots_by_parent(template)  # template node i: (parent template node, child slot)
         widths = num_children(template)  # template node (-1 = frontier) -> children to draw
         node_of_template: dict[int, int] = {}
@@ -163,27 +170,30 @@ class DraftModelProposer:
         dists: dict[int, np.ndarray] = {}  # node index (-1 = frontier) -> q [V] its children were drawn from
         ranking: dict[int, np.ndarray] = {}  # node index -> its draft's top-k token ids [k], best first
         drawn: dict[int, list[int]] = {}
+        round_ = None  # the tree so far, provisional in the draft: each level's pass adds only the level above
         for level in range(1, max_depth(template) + 1):
             level_nodes = [i for i, s in enumerate(slots) if _depth(slots, i) == level]
             parents = sorted({slots[i].parent for i in level_nodes})
             if level == 1:
-                round_, logits = None, level_one
+                logits, first_row = level_one, -1  # logits row 0 = the frontier (-1)
             else:
-                if len(self._cached) == len(context):  # deeper levels feed the pending token as a verify row
-                    self.draft.truncate(len(context) - 1)
-                    del self._cached[len(context) - 1:]
                 # the tree so far, as a plain token tree: the draft only needs its rows' logits
                 partial = ProposalResult(
                     nodes=tuple(dataclasses.replace(n, q=None) for n in nodes),
                     contract=ProposerContract(ProbabilitySemantics.ABSENT, SamplingRelation.IID, TopologyKind.TREE),
                     source=self.name, manifest_hash="",
                 )
-                round_ = compile_round(len(context), [partial])
-                logits = self.draft.verify(int(context[-1]), round_)
-                self.draft.rollback()
+                grown = compile_round(len(context), [partial])  # rows of earlier levels first, in the same order
+                if round_ is None:  # level 2: the pending token becomes a verify row
+                    self.draft.truncate(len(context) - 1)
+                    del self._cached[len(context) - 1:]
+                    logits, first_row = self.draft.verify(int(context[-1]), grown), -1  # row r + 1 = candidate r
+                else:  # deeper: evaluate only the previous level's rows, on top of the provisional tree
+                    logits, first_row = self.draft.verify_more(grown, round_.n), round_.n  # row i = candidate first_row + i
+                round_ = grown
             for parent in parents:
                 parent_node = -1 if parent == -1 else node_of_template[parent]
-                row = 0 if parent_node == -1 else round_.origin[0][parent_node] + 1
+                row = 0 if parent_node == -1 else round_.origin[0][parent_node] - first_row
                 dists[parent_node] = logits.probs(row, self._policy)
                 if self.config.relation is SamplingRelation.BEAM:
                     ranking[parent_node] = top_k_order(logits.probs(row, RAW), widths[parent])
