@@ -99,7 +99,8 @@ def draft_template(spec: DecoderSpec) -> Template | None:
     whose paths are used only under the sampling policy it was optimized for."""
     if not spec.tree:
         return None
-    if Path(spec.tree).is_dir():
+    # a JSON list of paths is a template, never a directory (and may be longer than a file name may)
+    if not spec.tree.lstrip().startswith("[") and Path(spec.tree).is_dir():
         from draftwise.optimize.select import load_tree_artifact
 
         artifact = load_tree_artifact(Path(spec.tree))

@@ -137,3 +137,13 @@ def test_auto_proposer_key():
         parse_method("a=dw:proposer=auto,gate=auto", DEFAULTS)
     with pytest.raises(MethodError, match="no proposer fits"):  # rejection sampling needs q: no lookup proposer has it
         parse_method("a=dw:proposer=auto,verifier=rejection", DEFAULTS)
+
+
+def test_a_long_json_tree_is_a_template_not_a_path():
+    """A 32-node Sequoia tree as JSON paths is longer than a file name may be: it must parse
+    as a template without the filesystem being asked whether it is a tree directory."""
+    paths = [[0]] + [[0] * d for d in range(2, 33)]
+    tree = json.dumps(paths, separators=(",", ":"))
+    assert len(tree) > 255
+    m = parse_method(f"t=dw:proposer=draft-model,tree={tree},relation=iid", DEFAULTS)
+    assert m.decoder.tree == tree
