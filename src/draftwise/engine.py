@@ -177,8 +177,11 @@ class SpeculativeDecoder:
         reads_prompt = bool(unread)
         clock = time.perf_counter()
         asked = bool(self.proposers) and limits.max_depth > 0
-        results = [p.propose(context, self.manifest.hash, max_depth=limits.max_depth)
-                   for p in self.proposers] if asked else []
+        results = []
+        for proposer in self.proposers if asked else ():
+            results.append(proposer.propose(context, self.manifest.hash, max_depth=limits.max_depth))
+            lap, clock = _lap(clock)
+            seconds[proposer.phase] = seconds.get(proposer.phase, 0.0) + lap
         for proposer, result in zip(self.proposers, results):
             self.manifest.check(result)
             if result.contract != proposer.contract:  # the verifier was bound to the declared one
@@ -186,7 +189,6 @@ class SpeculativeDecoder:
                     f"{result.source}: proposal made under contract {result.contract}, but the proposer declared "
                     f"{proposer.contract}, which the verifier was bound to"
                 )
-        seconds["propose"], clock = _lap(clock)
 
         offered = compile_round(len(context), results, limits)
         proposed = any(r.nodes for r in results)

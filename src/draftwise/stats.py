@@ -6,7 +6,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-PHASES = ("prefill", "propose", "compile", "verify", "select", "commit")  # prefill: round 1's forward, prompt included
+# prefill: round 1's forward, prompt included; retrieval: a datastore proposer's whole proposal
+PHASES = ("prefill", "propose", "retrieval", "compile", "verify", "select", "commit")
 
 
 @dataclass(frozen=True)

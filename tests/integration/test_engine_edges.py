@@ -22,6 +22,7 @@ class ScriptedProposer:
     """Proposes a fixed continuation of the prompt (a stand-in for a perfect or broken lookup)."""
 
     name = "scripted"
+    phase = "propose"
 
     def __init__(self, prompt_len, script, manifest_override=None):
         self.contract = PromptLookupProposer().contract

@@ -25,4 +25,8 @@ def test_rest_greedy_identical_to_plain(smol_target, spec_bench_prompts, tmp_pat
         result = decoder.generate(prompt)
         assert result.tokens == reference
         drafted += sum(result.from_draft)
+        # the ledger books the datastore lookup as retrieval, not as a proposal's drafting
+        asked = [r for r in result.records if r.asked]
+        assert all(r.seconds["retrieval"] > 0 and "propose" not in r.seconds for r in asked)
+        assert result.stats.time_split["retrieval"] > 0 and result.stats.time_split["propose"] == 0
     assert drafted > 16

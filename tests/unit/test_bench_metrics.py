@@ -182,3 +182,14 @@ def test_a_resumed_run_keeps_the_environments_of_earlier_sessions_that_differ(tm
     assert earlier_environments(tmp_path, second) == [first]
     (tmp_path / "session.json").write_text(json.dumps({"environment": second, "earlier_environments": [first]}))
     assert earlier_environments(tmp_path, first) == [second]
+
+
+def test_rest_answers_from_before_the_retrieval_phase_book_their_proposal_time_as_retrieval():
+    from draftwise.bench.summary import _retrieval_split
+
+    old = answer("a", "x", turn([1, 2], 1.0, phases={"propose": 0.2, "verify": 0.5}))
+    new = answer("b", "x", turn([1, 2], 1.0, phases={"propose": 0.0, "retrieval": 0.3, "verify": 0.5}))
+    assert _retrieval_split(old).turns[0].phase_seconds == {"propose": 0.0, "retrieval": 0.2, "verify": 0.5}
+    assert _retrieval_split(new) == new
+    m = method_metrics([_retrieval_split(old), new], None, check_exact=True)
+    assert m.time_split_ms["retrieval"] == pytest.approx((0.2 + 0.3) / 4 * 1e3)

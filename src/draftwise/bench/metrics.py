@@ -5,8 +5,8 @@ Definitions (the report repeats them):
   then the mean over questions.  speedup = that mean / the same mean of the method's plain
   reference (same backend, same target), over the questions both answered.
 - time per committed token = total wall / total new tokens; draftwise methods split it into
-  the engine's phases (prefill = round 1's forward, prompt included; propose holds a REST
-  datastore's retrieval), plus "other" (stop checks, callbacks: wall minus the phases).
+  the engine's phases (prefill = round 1's forward, prompt included; retrieval = a REST
+  datastore's whole proposal), plus "other" (stop checks, callbacks: wall minus the phases).
 - mean accepted = accepted draft tokens per verification step (bonus token not counted),
   pooled over every step; acceptance by depth, fallbacks and rows verified are pooled the
   same way with `draftwise.stats.summarize`, so they mean what the engine's stats mean.

@@ -13,9 +13,9 @@ llama.cpp legitimately produce different greedy text, so each is checked against
 temperature 0; a speedup with mismatches is not a valid speedup. *Mean accepted* is accepted
 draft tokens per verification step, the step's own target token not counted. *ms/token* is
 wall time per committed token; for draftwise methods it is split into the engine's phases
-(prefill: round 1's forward, prompt included; propose, which holds a REST datastore's
-retrieval; compile; verify; select; commit) and *other* (stop checks, callbacks, chat
-rendering). *First / any-child coverage*: of the rounds whose frontier offered candidates,
+(prefill: round 1's forward, prompt included; propose: drafting; retrieval: a REST
+datastore's lookup, trie and pruning; compile; verify; select; commit) and *other* (stop
+checks, callbacks, chat rendering). *First / any-child coverage*: of the rounds whose frontier offered candidates,
 the share where the target's next token was the first candidate / any candidate (the gap is
 what the siblings add). *Provisional KV* is the most KV a round held only until its commit
 (pending token and candidate rows); *max KV* adds the committed rows.

@@ -7,6 +7,7 @@ finished, and `draftwise bench` can re-summarize a directory without running any
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from draftwise.bench.methods import references
@@ -42,6 +43,8 @@ def build_summary(root: Path) -> dict:
         reference = by_id.get(ref_name) if ref_name else None
         is_ref = ref_name == method.name
         rows = answers[method.name]
+        if method.kind == "dw" and method.decoder.proposer == "rest":
+            rows = [_retrieval_split(a) for a in rows]
         row_bytes = checkpoints.get(method.name, {}).get("kv_row_bytes")
         overall = method_metrics(rows, reference, greedy, is_ref, row_bytes).as_dict()
         categories = {c: method_metrics([a for a in rows if a.category == c], reference, greedy, is_ref, row_bytes).as_dict()
@@ -69,6 +72,16 @@ def build_summary(root: Path) -> dict:
         "peak_rss_mb": session.get("peak_rss_mb"),
         "checkpoints": session.get("checkpoints", {}),
     }
+
+
+def _retrieval_split(answer: Answer) -> Answer:
+    """A REST method's answer written before the ledger had a retrieval phase: its proposal
+    time was all retrieval (the datastore lookup is REST's whole proposal), so it moves there."""
+    turns = tuple(replace(t, phase_seconds={**t.phase_seconds, "propose": 0.0,
+                                            "retrieval": t.phase_seconds.get("propose", 0.0)})
+                  if t.phase_seconds is not None and "retrieval" not in t.phase_seconds else t
+                  for t in answer.turns)
+    return replace(answer, turns=turns)
 
 
 def _in_order(answers: dict[str, Answer], order: list[str]) -> list[Answer]:

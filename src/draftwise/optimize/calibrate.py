@@ -139,7 +139,8 @@ def calibrate(
         width=width, depth=depth,
         selected=tuple(tuple(row) for row in selected), reached=tuple(reached),
         rounds=len(asked), new_tokens=new_tokens,
-        propose_seconds_median=float(np.median([r.seconds.get("propose", 0.0) for r in steady])),
+        propose_seconds_median=float(np.median([r.seconds.get("propose", 0.0) + r.seconds.get("retrieval", 0.0)
+                                                for r in steady])),
         verify_seconds_median=float(np.median([r.seconds.get("verify", 0.0) for r in steady])),
     )
 

@@ -18,6 +18,8 @@ from draftwise.sampling import SamplingPolicy
 class Proposer(Protocol):
     name: str
     contract: ProposerContract
+    # the ledger phase its time goes to: "propose", or "retrieval" for a datastore lookup
+    phase: str
 
     def identity(self) -> dict[str, Any]:
         """What the round manifest records about this proposer (artifacts, hashes, settings)."""

@@ -72,6 +72,7 @@ def draft_contract(template: Template | None, relation: SamplingRelation) -> Pro
 
 class DraftModelProposer:
     name = "draft-model"
+    phase = "propose"
 
     def __init__(self, draft: Backend, target_tokenizer_hash: str, config: DraftConfig = DraftConfig()) -> None:
         if draft.info.tokenizer_hash != target_tokenizer_hash:

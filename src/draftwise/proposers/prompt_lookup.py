@@ -38,6 +38,7 @@ class PromptLookupConfig:
 
 class PromptLookupProposer:
     name = "prompt-lookup"
+    phase = "propose"
 
     def __init__(self, config: PromptLookupConfig = PromptLookupConfig()) -> None:
         self.config = config

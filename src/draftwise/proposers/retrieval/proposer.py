@@ -61,6 +61,7 @@ class _Tally:
 class RestProposer:
     name = SOURCE
     contract = CONTRACT
+    phase = "retrieval"  # suffix search, trie and pruning: the ledger's retrieval time
 
     def __init__(
         self,
