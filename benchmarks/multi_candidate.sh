@@ -6,25 +6,26 @@
 # interleaved prompt by prompt with plain sampling; `--resume` (passed through) continues.
 #   TEMPERATURE=1.0 (default) or 0.7; OUT, BUDGETS ("8 16 32"), WORKLOAD1/WORKLOAD2 narrow it.
 #
-# Tree shapes: for each budget B, Sequoia's DP tree of B + 1 nodes (root included, any depth)
-# for the draft's positional acceptance, measured by `draftwise calibrate` at the same
-# temperature with 4 children drawn without replacement, on HumanEval 150-153 (outside the
-# workload).  SpecInfer, Sequoia and membership verify that same shape, so they differ only in
-# how children are drawn and checked; the chain of B drafts has the same number of rows.
+# Tree shapes, as Sequoia builds them: for each budget B and each way of drawing children, the
+# DP tree of B + 1 nodes (root included, any depth) for the draft's positional acceptance under
+# that drawing, measured by `draftwise calibrate` at the same temperature with 4 children per
+# parent on HumanEval 150-153 (outside the workload).  SpecInfer and membership get the i.i.d.
+# tree, Sequoia the without-replacement one; the chain of B drafts has as many rows.  Where the
+# measured acceptance makes a chain the best B-node tree, the DP says so and the rows coincide.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 temperature="${TEMPERATURE:-1.0}"
 out="${OUT:-benchmarks/multi_candidate_t${temperature//./}}"
-calibration="$out-calibration"  # beside the results: `draftwise bench` owns its --out directory
-if [ ! -f "$calibration/acceptance.json" ]; then
-  .venv/bin/draftwise calibrate --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --backend llamacpp \
-    --threads 2 --width 4 --relation without_replacement --workload humaneval:150-153 --max-new-tokens 48 \
-    --temperature "$temperature" --seed 0 --out "$calibration"
-fi
-draft="proposer=draft-model,backend=llamacpp"
-methods=(--method "plain=dw:proposer=none,backend=llamacpp")
-for budget in ${BUDGETS:-8 16 32}; do
-  tree=$(.venv/bin/python - "$calibration" "$budget" <<'PY'
+for relation in iid without_replacement; do
+  calibration="$out-calibration-$relation"  # beside the results: `draftwise bench` owns its --out directory
+  if [ ! -f "$calibration/acceptance.json" ]; then
+    .venv/bin/draftwise calibrate --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --backend llamacpp \
+      --threads 2 --width 4 --relation "$relation" --workload humaneval:150-153 --max-new-tokens 48 \
+      --temperature "$temperature" --seed 0 --out "$calibration"
+  fi
+done
+dp_tree() {  # dp_tree RELATION BUDGET: the Sequoia DP tree as JSON paths
+  .venv/bin/python - "$out-calibration-$1" "$2" <<'PY'
 import json, sys
 from pathlib import Path
 from draftwise.optimize.acceptance import AcceptanceProfile
@@ -34,12 +35,17 @@ budget = int(sys.argv[2])
 table = solve(AcceptanceProfile.load(Path(sys.argv[1])).matrix, budget + 1, budget)
 print(json.dumps([list(path) for path in table.paths(budget + 1, budget)], separators=(",", ":")))
 PY
-)
-  echo "budget $budget: Sequoia DP tree $tree" >&2
+}
+draft="proposer=draft-model,backend=llamacpp"
+methods=(--method "plain=dw:proposer=none,backend=llamacpp")
+for budget in ${BUDGETS:-8 16 32}; do
+  iid=$(dp_tree iid "$budget")
+  wor=$(dp_tree without_replacement "$budget")
+  echo "budget $budget: i.i.d. tree $iid; without-replacement tree $wor" >&2
   methods+=(--method "chain-$budget=dw:$draft,k=$budget,confidence=0"
-            --method "specinfer-$budget=dw:$draft,tree=$tree,relation=iid"
-            --method "sequoia-$budget=dw:$draft,tree=$tree,relation=without_replacement"
-            --method "membership-$budget=dw:$draft,tree=$tree,relation=iid,verifier=membership")
+            --method "specinfer-$budget=dw:$draft,tree=$iid,relation=iid"
+            --method "sequoia-$budget=dw:$draft,tree=$wor,relation=without_replacement"
+            --method "membership-$budget=dw:$draft,tree=$iid,relation=iid,verifier=membership")
 done
 exec .venv/bin/draftwise bench \
   --workload "${WORKLOAD1:-humaneval:0-19}" \
