@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from draftwise.bench.outputs import ROUND_FIELDS
 from draftwise.bench.store import Answer
 from draftwise.stats import PHASES, RoundRecord, summarize
 
@@ -149,10 +150,14 @@ def _round_records(answers: list[Answer]) -> list[RoundRecord] | None:
             for t in turns for r in t.rounds]
 
 
+_OFFERED, _TAKEN = ROUND_FIELDS.index("frontier_children"), ROUND_FIELDS.index("frontier_slot")
+
+
 def _coverage(answers: list[Answer]) -> tuple[float | None, float | None, int]:
     """(first-child coverage, any-child coverage, rounds counted) over the rounds that recorded
-    their frontier (ROUND_FIELDS 5 and 6) and offered candidates there."""
-    frontier = [(r[5], r[6]) for a in answers for t in a.turns for r in (t.rounds or ()) if len(r) > 6 and r[5] > 0]
+    their frontier (answers written before that have five fields) and offered candidates there."""
+    frontier = [(r[_OFFERED], r[_TAKEN]) for a in answers for t in a.turns for r in (t.rounds or ())
+                if len(r) > _TAKEN and r[_OFFERED] > 0]
     if not frontier:
         return None, None, 0
     first = sum(slot == 0 for _, slot in frontier) / len(frontier)
