@@ -222,6 +222,7 @@ class SpeculativeDecoder:
             asked=asked,
             kv_bytes=kv_bytes,
             provisional_kv_bytes=(1 + round_.n) * self.target.info.kv_row_bytes,
+            depth_limit=limits.max_depth if asked else 0,
             seconds=seconds,
             slot_path=slot_path(round_, selection.accepted_rows),
             gated=gated,

@@ -29,6 +29,7 @@ class RoundRecord:
     # round 1: its forward also read the prompt (timed as "prefill"), so it is no steady-state round
     reads_prompt: bool = False
     provisional_kv_bytes: int = 0  # KV bytes of the round's provisional rows (pending + candidates)
+    depth_limit: int = 0  # the deepest candidate this round could verify (context and max_new_tokens); 0 if not asked
 
     @property
     def total_seconds(self) -> float:

@@ -13,9 +13,9 @@ CONFIG = AutoTreeConfig(width=2, max_nodes=6, max_depth=3, calibration_tokens=8,
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7]]
 
 
-def run(target, draft, policy, cache):
+def run(target, draft, policy, cache, prompts=PROMPTS):
     messages: list[str] = []
-    artifact = auto_tree(target, draft, policy, PROMPTS, cache, CONFIG, progress=messages.append)
+    artifact = auto_tree(target, draft, policy, prompts, cache, CONFIG, progress=messages.append)
     return artifact, " ".join(messages)
 
 
@@ -33,6 +33,10 @@ def test_auto_tree_measures_once_then_reuses_and_recomputes_stale_artifacts(tmp_
 
     sampled, log = run(target, draft, SamplingPolicy(temperature=1.0), tmp_path)
     assert "calibrating" in log and sampled.directory != first.directory
+
+    # other calibration prompts are another acceptance profile, hence another tree
+    others, log = run(target, draft, greedy, tmp_path, prompts=[[7, 6, 5], [3, 2, 1, 0]])
+    assert "calibrating" in log and others.directory != first.directory
 
     acceptance = first.directory.parent / "acceptance" / "acceptance.json"
     acceptance.write_text(acceptance.read_text().replace("[", "[ ", 1))  # same JSON, different bytes

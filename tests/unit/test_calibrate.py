@@ -81,6 +81,26 @@ def test_calibration_costs_are_medians_of_the_rounds_after_the_prompt_read():
     counts = calibrate(Replayed([first, *later]), [[1], [2]], width=3, depth=2)
     assert (counts.verify_seconds_median, counts.propose_seconds_median) == (2.0, 0.2)
     assert counts.rounds == 8 and counts.new_tokens == 6
+    # per drafted level: every round drafted depth 2 (a depth-1 without-replacement calibration
+    # tree [W, 1] also runs two draft passes), so c is half a round's proposal time
+    assert counts.draft_step_seconds == pytest.approx(0.1)
+
+
+def test_rounds_that_could_not_offer_the_whole_depth_or_were_gated_are_not_counted():
+    cut = dataclasses.replace(record(0, [(3, -1)]), depth_limit=1)  # the generation's last rounds: depth 1 only
+    gated = dataclasses.replace(record(0, [(3, -1)]), gated=True)
+    whole = dataclasses.replace(record(1, [(3, 0), (2, 1)]), depth_limit=2)
+    selected, reached = count_slots([cut, gated, whole], width=3, depth=2)
+    assert reached == [1, 1] and selected == [[1, 0, 0], [0, 1, 0]]
+
+
+def test_an_eos_among_the_accepted_rows_ends_the_count_there():
+    # the verifier accepted three rows, the first of them EOS: one accepted row was published,
+    # so depth 3 was never reached, and its selection must not be counted either
+    eos_first = dataclasses.replace(record(1, [(3, 0), (2, 1), (2, 0)]), proposal_depth=3)
+    selected, reached = count_slots([eos_first], width=3, depth=3)
+    assert reached == [1, 1, 0]
+    assert selected == [[1, 0, 0], [0, 1, 0], [0, 0, 0]]
 
 
 def test_count_slots_refuses_a_round_wider_than_the_width():

@@ -25,7 +25,13 @@ from draftwise.backends.base import Backend
 from draftwise.backends.profile import write_profile
 from draftwise.build import build_decoder
 from draftwise.engine import GenerationConfig
-from draftwise.optimize.calibrate import calibrate, calibration_provenance, calibration_spec, profile_from_counts
+from draftwise.optimize.calibrate import (
+    calibrate,
+    calibration_hash,
+    calibration_provenance,
+    calibration_spec,
+    profile_from_counts,
+)
 from draftwise.optimize.hardware import VerifyCostProfile
 from draftwise.optimize.select import TreeArtifact, load_tree_artifact, optimize_from_artifacts
 from draftwise.sampling import SamplingPolicy
@@ -42,11 +48,15 @@ class AutoTreeConfig:
     profile_repeats: int = 3
 
 
-def configuration_key(target: Backend, draft: Backend, policy: SamplingPolicy, config: AutoTreeConfig) -> dict:
+def configuration_key(target: Backend, draft: Backend, policy: SamplingPolicy, config: AutoTreeConfig,
+                      calibration_prompts: Sequence[Sequence[int]]) -> dict:
     return {
         "target": target.info.checkpoint,
         "tokenizer_hash": target.info.tokenizer_hash,
         "draft": draft.info.checkpoint,
+        "draft_backend": draft.info.name,
+        "draft_tokenizer_hash": draft.info.tokenizer_hash,
+        "calibration_prompts": calibration_hash(calibration_prompts),
         "backend": target.info.name,
         "threads": getattr(target, "n_threads", None),
         "policy": policy.as_dict(),
@@ -117,14 +127,15 @@ def auto_tree(
 ) -> TreeArtifact:
     """The tree to decode with, from cached artifacts or measured now."""
     say = progress or (lambda message: None)
-    key = configuration_key(target, draft, policy, config)
+    key = configuration_key(target, draft, policy, config, calibration_prompts)
     root = Path(cache_root) / stable_hash(key)[:20]
     profile_dir, acceptance_dir, tree_dir = root / "profile", root / "acceptance", root / "tree"
 
     ensure_profile(target, profile_dir, tuple(range(1, config.max_nodes + 1)), config.profile_prefix_len,
                    config.profile_repeats, say)
     if not artifact_matches(acceptance_dir, "acceptance",
-                  lambda p: p.get("policy") == policy.as_dict() and p.get("target") == target.info.checkpoint):
+                  lambda p: p.get("policy") == policy.as_dict() and p.get("target") == target.info.checkpoint
+                  and p.get("workload_hash") == key["calibration_prompts"]):
         say(f"calibrating {draft.info.checkpoint} on {len(calibration_prompts)} prompts (width {config.width})")
         shutil.rmtree(acceptance_dir, ignore_errors=True)
         spec = calibration_spec(target.info.checkpoint, target.info.name, None, "draft-model", draft.info.checkpoint,

@@ -6,13 +6,16 @@ selection reached, how many children were offered and which slot (if any) was se
 Counting those gives, per depth, how many parents were reached and how often each slot was
 the selected child -> `AcceptanceProfile.from_counts` (h, p, Wilson intervals).
 
-A reached parent that offered fewer than W children (a prompt-lookup miss, the last round cut
-by max_new_tokens) still counts as reached: its missing slots were not selected, which is what
-the tree will see at decoding time too.  Depth k > 1 is reached only when the round accepted
-k - 1 rows.
+A reached parent that offered fewer than W children (a prompt-lookup miss) still counts as
+reached: its missing slots were not selected, which is what the tree will see at decoding time
+too.  Depth k > 1 is reached only when the round published k - 1 accepted rows (an EOS among
+them ends the count there).  Rounds that could not offer the whole depth D (the last rounds of
+a generation, cut by max_new_tokens or the context) and rounds a cost gate cut are left out:
+their missing children say nothing about the proposer.
 
-The proposer's cost per depth is measured in the same run: the median propose time per
-round divided by the tree depth, in seconds (the optimizer divides by the profile's t(1)).
+The proposer's cost per depth is measured in the same run: per round, the proposal time over
+the levels it drafted (a draft model runs one pass per level), the median over the rounds
+after the prompt read, in seconds (the optimizer divides by the profile's t(1)).
 """
 
 from __future__ import annotations
@@ -84,11 +87,7 @@ class CalibrationCounts:
     new_tokens: int
     propose_seconds_median: float  # per round
     verify_seconds_median: float  # per round (1 + nodes rows)
-
-    @property
-    def draft_step_seconds(self) -> float:
-        """Proposal cost per tree depth, the optimizer's c before normalization by t(1)."""
-        return self.propose_seconds_median / self.depth
+    draft_step_seconds: float  # proposal cost per drafted level, the optimizer's c before normalization by t(1)
 
 
 def count_slots(records: Sequence[RoundRecord], width: int, depth: int) -> tuple[list[list[int]], list[int]]:
@@ -98,11 +97,12 @@ def count_slots(records: Sequence[RoundRecord], width: int, depth: int) -> tuple
     selected = [[0] * width for _ in range(depth)]
     reached = [0] * depth
     for record in records:
-        if not record.asked:  # no child could have been offered: not a reached parent
-            continue
-        for k in range(min(depth, record.accepted + 1)):
+        if not record.asked or record.gated or 0 < record.depth_limit < depth:
+            continue  # nothing offered, or less than the whole depth could be: not the proposer's doing
+        levels = min(depth, record.accepted + 1)  # the slot path beyond an EOS was never published
+        for k in range(levels):
             reached[k] += 1
-        for k, (offered, slot) in enumerate(record.slot_path[:depth]):
+        for k, (offered, slot) in enumerate(record.slot_path[:levels]):
             if offered > width:
                 raise ValueError(f"a round offered {offered} children at depth {k + 1}, more than the width {width}")
             if slot >= 0:
@@ -135,6 +135,7 @@ def calibrate(
     # per-round costs: round 1's forward reads the prompt too, and its proposal includes the
     # draft's own prompt prefill; neither is what a round costs afterwards
     steady = [r for r in asked if not r.reads_prompt] or asked
+    drafted = [r for r in steady if r.proposal_depth > 0] or steady
     return CalibrationCounts(
         width=width, depth=depth,
         selected=tuple(tuple(row) for row in selected), reached=tuple(reached),
@@ -142,6 +143,9 @@ def calibrate(
         propose_seconds_median=float(np.median([r.seconds.get("propose", 0.0) + r.seconds.get("retrieval", 0.0)
                                                 for r in steady])),
         verify_seconds_median=float(np.median([r.seconds.get("verify", 0.0) for r in steady])),
+        # per level drafted: a without-replacement calibration tree [W, 1] costs two draft passes
+        draft_step_seconds=float(np.median([(r.seconds.get("propose", 0.0) + r.seconds.get("retrieval", 0.0))
+                                            / max(1, r.proposal_depth) for r in drafted])),
     )
 
 
@@ -159,7 +163,7 @@ def calibration_provenance(decoder: SpeculativeDecoder, counts: CalibrationCount
         "verifier": manifest.verifier,
         "policy": dict(manifest.sampling_policy),
         "workload": workload,
-        "workload_hash": stable_hash([list(p) for p in prompts]),
+        "workload_hash": calibration_hash(prompts),
         "width": counts.width,
         "depth": counts.depth,
         "rounds": counts.rounds,
@@ -168,6 +172,11 @@ def calibration_provenance(decoder: SpeculativeDecoder, counts: CalibrationCount
         "verify_seconds_median": counts.verify_seconds_median,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def calibration_hash(prompts: Sequence[Sequence[int]]) -> str:
+    """sha256 of the calibration prompts' token ids: a profile measured on others is another profile."""
+    return stable_hash([[int(t) for t in p] for p in prompts])
 
 
 def profile_from_counts(counts: CalibrationCounts, provenance: dict) -> AcceptanceProfile:
