@@ -34,7 +34,7 @@ from draftwise.contracts import (
     TopologyKind,
 )
 from draftwise.sampling import SamplingPolicy, sample
-from draftwise.topology.compile import compile_round
+from draftwise.topology.compile import TreeLimits, compile_round
 from draftwise.topology.templates import Template, max_depth, max_depth as max_depth_of, num_children, slots_by_parent
 from draftwise.verify.sequoia import without_replacement_q
 
@@ -108,12 +108,17 @@ class DraftModelProposer:
     def propose(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None) -> ProposalResult:
         # drafting costs a forward per depth: never draft what the round cannot verify (the
         # last round of a generation, a context about to overflow)
+        # the draft's own context bounds the proposal too: a chain of k holds k - 1 drafted
+        # tokens past the context, a tree re-reads its pending token and every level but the last
+        room = self.draft.info.context_length - len(context)
         if self.config.template is None:
-            nodes, dists = self._chain(context, self.config.k if max_depth is None else min(self.config.k, max_depth))
+            k = min(self.config.k, room + 1) if max_depth is None else min(self.config.k, max_depth, room + 1)
+            nodes, dists = self._chain(context, k) if k > 0 else ([], {})
         else:
             template = self.config.template
             if max_depth is not None and max_depth < max_depth_of(template):
                 template = tuple(path for path in template if len(path) <= max_depth)
+            template = fit_template(template, room)
             nodes, dists = self._tree(context, template) if template else ([], {})
         return ProposalResult(
             nodes=tuple(nodes), contract=self.contract, source=self.name, manifest_hash=manifest_hash, distributions=dists
@@ -184,7 +189,9 @@ class DraftModelProposer:
                     contract=ProposerContract(ProbabilitySemantics.ABSENT, SamplingRelation.IID, TopologyKind.TREE),
                     source=self.name, manifest_hash="",
                 )
-                grown = compile_round(len(context), [partial])  # rows of earlier levels first, in the same order
+                # every node gets its row (the engine's limits are the target's business), rows of
+                # earlier levels first, in the same order
+                grown = compile_round(len(context), [partial], TreeLimits(max_nodes=len(nodes), max_depth=level))
                 if round_ is None:  # level 2: the pending token becomes a verify row
                     self.draft.truncate(len(context) - 1)
                     del self._cached[len(context) - 1:]
@@ -217,6 +224,17 @@ class DraftModelProposer:
             token = sample(q, self._rng)
         already.append(token)
         return token
+
+
+def fit_template(template: Template, room: int) -> Template:
+    """`template` without its deepest levels until the rows the draft re-reads (the pending
+    token's and every level but the last) fit in `room` cells past the context."""
+    while template:
+        deepest = max_depth(template)
+        if sum(len(path) < deepest for path in template) <= room:
+            break
+        template = tuple(path for path in template if len(path) < deepest)
+    return template
 
 
 def top_k_order(probs: np.ndarray, k: int) -> np.ndarray:
