@@ -1,6 +1,8 @@
 """KV commit: after many rounds whose trees hold rejected branches, the committed cache gives
 the same next-token logits as a fresh prefill of the committed tokens (fp32)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -185,3 +187,58 @@ def test_verify_more_refuses_a_round_that_does_not_extend_the_provisional_one(sm
         backend.verify_more(compile_round(len(prompt) + 1, [result_from_paths([[100, 200], [300]])]), 2)
     backend.rollback()
     assert backend.cached_len == len(prompt) - 1
+
+
+def test_a_forward_that_fails_part_way_leaves_the_cache_as_it_was(smol_target):
+    """A forward that raises after some layers appended their rows (out of memory, say) is cut
+    back in every layer; the next rounds see exactly the committed prefix."""
+    backend = smol_target
+    prompt = backend.tokenize("Once upon a time there was")
+    backend.reset()
+    backend.extend(prompt[:-1])
+    round_ = compile_round(len(prompt), [result_from_paths([[100, 7], [300]])])
+
+    def fail(module, inputs, output):
+        raise MemoryError("simulated: the forward died in layer 3")
+
+    hook = backend.model.model.layers[3].register_forward_hook(fail)
+    try:
+        with pytest.raises(MemoryError):
+            backend.verify(prompt[-1], round_)
+    finally:
+        hook.remove()
+    assert backend.cached_len == len(prompt) - 1
+    assert backend.kv_bytes() == (len(prompt) - 1) * backend.info.kv_row_bytes  # no layer kept a row
+    got = backend.verify(prompt[-1], None).logits[0].clone()
+    backend.rollback()
+    want = fresh_logits(backend, prompt)
+    assert torch.allclose(got, want, atol=2e-4, rtol=1e-4), (got - want).abs().max()
+
+
+def test_commit_refuses_rows_that_are_not_one_path_and_verify_refuses_overflow(smol_target):
+    from draftwise.backends.base import BackendError, ContextOverflow
+
+    backend = smol_target
+    prompt = backend.tokenize("def add(a, b):\n    return")
+    backend.reset()
+    backend.extend(prompt[:-1])
+    round_ = compile_round(len(prompt), [result_from_paths([[100, 200], [300]])])  # rows 100, 200 (under 100), 300
+    backend.verify(prompt[-1], round_)
+    rows = {round_.path_tokens(r): r for r in range(round_.n)}
+    with pytest.raises(BackendError, match="root-to-node path"):
+        backend.commit([rows[(300,)], rows[(100, 200)]])  # 200 does not hang from 300
+    with pytest.raises(BackendError, match="root-to-node path"):
+        backend.commit([7])  # no such row
+    backend.commit([rows[(100,)], rows[(100, 200)]])  # the refusals left the round committable
+    assert backend.cached_len == len(prompt) + 2
+
+    # a context of len(prompt) + 2 positions: the pending token and one candidate fit, two do not
+    from draftwise.backends.transformers import TransformersBackend
+
+    small = TransformersBackend(backend.model, backend.tokenizer,
+                                dataclasses.replace(backend.info, context_length=len(prompt) + 2))
+    small.extend(prompt[:-1])
+    with pytest.raises(ContextOverflow, match="exceed the context"):
+        small.verify(prompt[-1], compile_round(len(prompt), [result_from_paths([[9, 10, 11]])]))
+    assert small.cached_len == len(prompt) - 1 and small.kv_bytes() == small.cached_len * small.info.kv_row_bytes
+    small.verify(prompt[-1], compile_round(len(prompt), [result_from_paths([[9, 10]])]))  # 3 rows: the last position

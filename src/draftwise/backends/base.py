@@ -115,6 +115,17 @@ def check_grows(provisional: CompiledRound | None, provisional_rows: int, prefix
         raise BackendError("verify_more() round does not begin with the provisional rows (same tokens, same parents)")
 
 
+def check_path(round_: CompiledRound | None, accepted_rows: Sequence[int]) -> int:
+    """Refuse accepted rows that are not one root-to-node path of `round_`; return the last
+    accepted row (-1 when none)."""
+    parent = -1
+    for row in accepted_rows:
+        if round_ is None or not 0 <= row < round_.n or round_.parent[row] != parent:
+            raise BackendError(f"accepted rows {list(accepted_rows)} are not one root-to-node path of the round")
+        parent = int(row)
+    return parent
+
+
 def tokenizer_fingerprint(token_strings: Sequence[str]) -> str:
     """sha256 of the vocabulary in id order: equal for the same tokenizer on every backend."""
     digest = hashlib.sha256()

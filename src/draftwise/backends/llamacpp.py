@@ -36,7 +36,7 @@ from typing import Sequence
 import llama_cpp
 import numpy as np
 
-from draftwise.backends.base import BackendError, BackendInfo, ContextOverflow, check_grows
+from draftwise.backends.base import BackendError, BackendInfo, ContextOverflow, check_grows, check_path
 from draftwise.backends.llamacpp_batch import NumpyBatch
 from draftwise.backends.llamacpp_text import detokenize, model_meta, render_chat, tokenize, vocab_texts
 from draftwise.backends.base import tokenizer_fingerprint
@@ -161,6 +161,14 @@ class LlamaCppBackend:
         if code != 0:
             raise BackendError(f"llama_decode failed during {what} (code {code}; 1 = no KV slot: n_ctx too small)")
 
+    def _decode_or_drop(self, what: str, t: int) -> None:
+        """Decode a sequence-0 batch; on failure drop whatever cells it left past position t."""
+        try:
+            self._decode(what)
+        except BackendError:
+            self._seq_rm(0, t)
+            raise
+
     def _logits_view(self, rows: int) -> np.ndarray:
         # re-read the pointer after every decode: llama.cpp may reallocate its output buffer
         return np.ctypeslib.as_array(llama_cpp.llama_get_logits(self._ctx), shape=(rows, self._n_vocab))  # [R, V]
@@ -194,7 +202,7 @@ class LlamaCppBackend:
         if round_ is None:
             self._check_room(1)
             self._batch.set_one(int(pending), t)
-            self._decode("verify")
+            self._decode_or_drop("verify", t)
             self._pending_rows = 1
             return NumpyLogits(self._logits_view(1))  # [1, V]
         n = round_.n
@@ -207,7 +215,7 @@ class LlamaCppBackend:
         positions = np.concatenate([[t], round_.position_ids])  # [1+N]
         if _is_chain(round_):
             self._batch.set_sequence(tokens, t, last_logits_only=False)
-            self._decode("verify")
+            self._decode_or_drop("verify", t)
             self._round, self._seq_end = round_, ({0: n - 1} if n else {})
         else:
             self._verify_tree(round_, tokens, positions)
@@ -309,11 +317,7 @@ class LlamaCppBackend:
         """A sequence holding the accepted rows (0 when none is accepted and sequence 0 is the
         only one, or the chain holds them), after checking they form one root path."""
         round_ = self._round
-        parent = -1
-        for row in accepted_rows:
-            if not 0 <= row < round_.n or round_.parent[row] != parent:
-                raise BackendError(f"accepted rows {list(accepted_rows)} are not one root-to-node path")
-            parent = row
+        parent = check_path(round_, accepted_rows)
         if parent == -1:
             return 0
         for seq, end in sorted(self._seq_end.items()):

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from draftwise.artifacts import read_manifest, write_manifest
-from draftwise.backends.base import BackendError, BackendInfo, check_grows, tokenizer_fingerprint
+from draftwise.backends.base import BackendError, BackendInfo, ContextOverflow, check_grows, check_path, tokenizer_fingerprint
 from draftwise.models import ResolvedModel, cache_dir
 from draftwise.sampling import SamplingPolicy
 from draftwise.topology.compile import CompiledRound
@@ -94,20 +94,40 @@ class TransformersBackend:
         self._pending_rows = 0
 
     def _forward(self, ids: list[int], positions: torch.Tensor | None, mask: torch.Tensor | None, keep: int):
-        """Logits of the last `keep` rows."""
+        """Logits of the last `keep` rows.  A forward that fails part way (out of memory) may
+        have appended rows to some layers only: the cache is cut back to what it held before."""
         if self._cache is None:
             self.reset()
+        self._check_room(len(ids))
+        before = self._committed + self._pending_rows
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, R]
-        with torch.inference_mode():
-            out = self.model(
-                input_ids=input_ids,
-                position_ids=positions,
-                attention_mask=mask,
-                use_cache=True,
-                **{self._cache_kwarg: self._cache},
-                logits_to_keep=keep,
-            )
+        try:
+            with torch.inference_mode():
+                out = self.model(
+                    input_ids=input_ids,
+                    position_ids=positions,
+                    attention_mask=mask,
+                    use_cache=True,
+                    **{self._cache_kwarg: self._cache},
+                    logits_to_keep=keep,
+                )
+        except BaseException:
+            self._crop_to(before)
+            raise
         return out.logits[0]  # [keep, V]
+
+    def _crop_to(self, length: int) -> None:
+        """Cut every layer back to `length` rows (an absolute length: after a forward that
+        failed part way, the layers need not hold the same number of rows)."""
+        for layer in self._cache.layers:
+            extra = layer.get_seq_length() - length if layer.is_initialized else 0
+            if extra > 0:
+                layer.crop(-extra)
+
+    def _check_room(self, rows: int) -> None:
+        held = self._committed + self._pending_rows
+        if held + rows > self.info.context_length:
+            raise ContextOverflow(f"{held} cached + {rows} new rows exceed the context of {self.info.context_length}")
 
     def extend(self, tokens: Sequence[int]) -> TorchLogits:
         if self._pending_rows:
@@ -177,6 +197,7 @@ class TransformersBackend:
     def commit(self, accepted_rows: Sequence[int]) -> None:
         if not self._pending_rows:
             raise BackendError("commit() without a provisional verify")
+        check_path(self._round, accepted_rows)
         t = self._committed
         k = len(accepted_rows)
         if list(accepted_rows) != list(range(k)):  # not a prefix of the row order: gather first
@@ -185,21 +206,19 @@ class TransformersBackend:
                 for layer in self._cache.layers:
                     layer.keys[:, :, t + 1 : t + 1 + k] = layer.keys.index_select(2, src)
                     layer.values[:, :, t + 1 : t + 1 + k] = layer.values.index_select(2, src)
-        drop = self._pending_rows - 1 - k
-        if drop:
-            self._cache.crop(-drop)
+        self._crop_to(t + 1 + k)
         self._committed = t + 1 + k
         self._pending_rows = 0
 
     def rollback(self) -> None:
         if self._pending_rows:
-            self._cache.crop(-self._pending_rows)
+            self._crop_to(self._committed)
             self._pending_rows = 0
 
     def truncate(self, length: int) -> None:
         self.rollback()
         if length < self._committed:
-            self._cache.crop(-(self._committed - length))
+            self._crop_to(length)
             self._committed = length
 
     def kv_bytes(self) -> int:
