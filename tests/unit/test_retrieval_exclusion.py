@@ -6,6 +6,7 @@ import gzip
 import json
 
 import numpy as np
+import pytest
 
 from draftwise.proposers.retrieval.corpus import resolve_source
 from draftwise.proposers.retrieval.exclusion import HUMANEVAL, NgramFilter, humaneval_path, load_eval_set, window_hashes
@@ -61,3 +62,8 @@ def test_spec_bench_turns_and_references_are_excluded(tmp_path):
         "Totally unrelated text about bread baking and sourdough starters.",
     )]
     assert exclusion.contaminated(docs).tolist() == [True, True, False, False]
+
+
+def test_an_ngram_length_below_one_is_refused_not_a_silent_no_op():
+    with pytest.raises(ValueError, match="n-gram length"):
+        NgramFilter.from_eval_sets([load_eval_set(HUMANEVAL)], ByteEncoder(), n=0)
