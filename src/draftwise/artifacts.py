@@ -10,9 +10,11 @@ import datetime as _dt
 import hashlib
 import json
 import platform
+import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -69,8 +71,41 @@ def write_manifest(directory: Path, kind: str, provenance: Mapping[str, Any]) ->
     return manifest
 
 
-def read_manifest(directory: Path, kind: str | None = None, verify: bool = True) -> Manifest:
-    """Read and (by default) verify an artifact; raise ArtifactError naming the first bad file."""
+def holds_kind(directory: Path, kind: str) -> bool:
+    """Whether `directory` holds an artifact of `kind` (read, not verified)."""
+    try:
+        body = json.loads((Path(directory) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(body, dict) and body.get("kind") == kind
+
+
+@contextmanager
+def staged_artifact(directory: Path, kind: str) -> Iterator[Path]:
+    """Yield `<directory>.partial` to write an artifact of `kind` into, and move it into place
+    only once the body has finished: an error leaves no half-written artifact.  An existing
+    `directory` is replaced only when it is empty or holds an artifact of the same kind (an
+    --out that names an input artifact, or a working tree, is refused before anything is written)."""
+    directory = Path(directory)
+    if directory.exists() and not (directory.is_dir() and (holds_kind(directory, kind) or not any(directory.iterdir()))):
+        raise ArtifactError(f"{directory} exists and is not a {kind!r} artifact; refusing to write over it")
+    staging = directory.with_name(directory.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)  # a leftover of an interrupted write of this same artifact
+    staging.mkdir(parents=True)
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if directory.exists():
+        shutil.rmtree(directory)
+    staging.rename(directory)
+
+
+def read_manifest(directory: Path, kind: str | None = None, verify: bool = True,
+                  required: tuple[str, ...] = ()) -> Manifest:
+    """Read and (by default) verify an artifact; raise ArtifactError naming the first bad file.
+    `required`: the data files the loader will read, which the manifest must bind."""
     directory = Path(directory)
     path = directory / MANIFEST
     if not path.is_file():
@@ -79,23 +114,72 @@ def read_manifest(directory: Path, kind: str | None = None, verify: bool = True)
         body = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ArtifactError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict) or not isinstance(body.get("provenance"), dict) or not isinstance(body.get("files"), dict):
+        raise ArtifactError(f"{path} is not a draftwise manifest (it needs kind, provenance and files)")
+    if body.get("format_version") != FORMAT_VERSION:
+        raise ArtifactError(f"{path} has format version {body.get('format_version')!r}; this draftwise reads {FORMAT_VERSION}")
     if kind is not None and body.get("kind") != kind:
         raise ArtifactError(f"{directory} holds a {body.get('kind')!r} artifact, expected {kind!r}")
-    manifest = Manifest(kind=body["kind"], provenance=body["provenance"], files=body["files"])
+    manifest = Manifest(kind=body.get("kind"), provenance=body["provenance"], files=body["files"])
     if body.get("hash") != manifest.hash:
         raise ArtifactError(f"{path} was edited after it was written: its recorded hash does not match its content")
+    for name in manifest.files:
+        _inside(directory, name)
+    unbound = [name for name in required if name not in manifest.files]
+    if unbound:
+        raise ArtifactError(f"{path} does not bind {', '.join(unbound)}: the file would load unchecked")
     if verify:
         verify_files(directory, manifest)
     return manifest
 
 
-def verify_files(directory: Path, manifest: Manifest) -> None:
+def _inside(directory: Path, name: str) -> Path:
+    """The file `name` of an artifact, refused if it resolves outside the artifact's directory."""
+    root = Path(directory).resolve()
+    file = (root / name).resolve()
+    if root not in file.parents:
+        raise ArtifactError(f"{Path(directory) / MANIFEST} lists {name!r}, which lies outside the artifact")
+    return file
+
+
+def verify_files(directory: Path, manifest: Manifest, stamps: Path | None = None) -> None:
+    """Re-check every file's sha256.  With `stamps` (a directory outside the artifact), a file
+    whose size and modification time match the stamp of its last full check is not re-read."""
     for name, expected in manifest.files.items():
-        file = Path(directory) / name
+        file = _inside(directory, name)
         if not file.is_file():
-            raise ArtifactError(f"{file} is listed in the manifest but missing")
-        actual = sha256_file(file)
+            raise ArtifactError(f"{Path(directory) / name} is listed in the manifest but missing")
+        actual = checked_sha256(file, stamp_path(stamps, name)) if stamps else sha256_file(file)
         if actual != expected:
             raise ArtifactError(
-                f"{file} is corrupt or was tampered with: sha256 {actual[:16]}… != manifest {expected[:16]}…"
+                f"{Path(directory) / name} is corrupt or was tampered with: sha256 {actual[:16]}… != manifest {expected[:16]}…"
             )
+
+
+def stamp_path(stamps: Path, name: str) -> Path:
+    """The stamp of an artifact's file `name` in the stamps directory `stamps`."""
+    return Path(stamps) / f"{name.replace('/', '__')}.json"
+
+
+def checked_sha256(path: Path, stamp: Path) -> str:
+    """sha256 of `path`, hashed again only when its size or modification time differ from
+    `stamp`, the record of its last full hash (a truncated, rewritten or replaced file changes
+    them; `draftwise models verify` and `index verify` always hash in full)."""
+    info = Path(path).stat()
+    try:
+        recorded = json.loads(Path(stamp).read_text())
+    except (OSError, ValueError):
+        recorded = {}
+    if (isinstance(recorded, dict) and recorded.get("size") == info.st_size
+            and recorded.get("mtime_ns") == info.st_mtime_ns and isinstance(recorded.get("sha256"), str)):
+        return recorded["sha256"]
+    digest = sha256_file(path)
+    write_stamp(path, digest, stamp)
+    return digest
+
+
+def write_stamp(path: Path, digest: str, stamp: Path) -> None:
+    """Record that `path`, as it is now, hashes to `digest` (see `checked_sha256`)."""
+    info = Path(path).stat()
+    Path(stamp).parent.mkdir(parents=True, exist_ok=True)
+    Path(stamp).write_text(json.dumps({"size": info.st_size, "mtime_ns": info.st_mtime_ns, "sha256": digest}))

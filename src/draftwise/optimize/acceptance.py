@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from draftwise.artifacts import ArtifactError, Manifest, read_manifest, write_manifest
+from draftwise.artifacts import ArtifactError, Manifest, read_manifest, staged_artifact, write_manifest
 
 ARTIFACT_KIND = "acceptance"
 DATA_FILE = "acceptance.json"
@@ -216,15 +216,15 @@ class AcceptanceProfile:
 
     def save(self, directory: Path) -> Manifest:
         """Write the profile as an artifact directory (kind "acceptance"); return its manifest."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / DATA_FILE).write_text(json.dumps(self.to_json(), indent=1) + "\n")
-        return write_manifest(directory, ARTIFACT_KIND, self.provenance)
+        with staged_artifact(directory, ARTIFACT_KIND) as staging:
+            (staging / DATA_FILE).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+            manifest = write_manifest(staging, ARTIFACT_KIND, self.provenance)
+        return manifest
 
     @classmethod
     def load(cls, directory: Path) -> "AcceptanceProfile":
         """Read and verify an acceptance artifact; counts, when present, must reproduce p."""
-        manifest = read_manifest(directory, kind=ARTIFACT_KIND)
+        manifest = read_manifest(directory, kind=ARTIFACT_KIND, required=(DATA_FILE,))
         body = json.loads((Path(directory) / DATA_FILE).read_text())
         if body.get("selected_counts") is not None:
             profile = cls.from_counts(body["selected_counts"], body["reached_counts"], manifest.provenance)

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from draftwise.artifacts import Manifest, read_manifest, write_manifest
+from draftwise.artifacts import Manifest, read_manifest, staged_artifact, write_manifest
 
 ARTIFACT_KIND = "verify_profile"
 DATA_FILE = "verify_profile.json"
@@ -92,17 +92,17 @@ class VerifyCostProfile:
 
     def save(self, directory: Path) -> Manifest:
         """Write an artifact directory (kind "verify_profile"); return its manifest."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
         body = self.to_json()
-        (directory / DATA_FILE).write_text(json.dumps(body, indent=1) + "\n")
         meta = {k: body[k] for k in ("model", "backend", "threads", "machine")}
-        return write_manifest(directory, ARTIFACT_KIND, {**dict(self.provenance), **meta})
+        with staged_artifact(directory, ARTIFACT_KIND) as staging:
+            (staging / DATA_FILE).write_text(json.dumps(body, indent=1) + "\n")
+            manifest = write_manifest(staging, ARTIFACT_KIND, {**dict(self.provenance), **meta})
+        return manifest
 
     @classmethod
     def load(cls, directory: Path) -> "VerifyCostProfile":
         """Read and verify a verify_profile artifact (checksums re-checked)."""
-        manifest = read_manifest(directory, kind=ARTIFACT_KIND)
+        manifest = read_manifest(directory, kind=ARTIFACT_KIND, required=(DATA_FILE,))
         body = json.loads((Path(directory) / DATA_FILE).read_text())
         absolute = body.get("absolute_s")
         return cls(

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from draftwise.artifacts import ArtifactError, Manifest, read_manifest, stable_hash, write_manifest
+from draftwise.artifacts import ArtifactError, Manifest, read_manifest, stable_hash, staged_artifact, write_manifest
 from draftwise.optimize.acceptance import AcceptanceProfile
 from draftwise.optimize.hardware import VerifyCostProfile
 from draftwise.optimize.sequoia_dp import Paths, solve, validate_paths
@@ -122,9 +122,6 @@ def save_tree_artifact(
     hardware_manifest_hash: str, policy: Mapping[str, Any],
 ) -> Manifest:
     """Write kind "tree": the manifest hash binds topology, acceptance, hardware and policy."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / DATA_FILE).write_text(json.dumps(choice.to_json(), indent=1) + "\n")
     provenance = {
         "topology_hash": stable_hash([list(path) for path in choice.paths]),
         "acceptance_manifest": acceptance_manifest_hash,
@@ -133,14 +130,17 @@ def save_tree_artifact(
         "n": choice.n,
         "d": choice.d,
     }
-    return write_manifest(directory, ARTIFACT_KIND, provenance)
+    with staged_artifact(directory, ARTIFACT_KIND) as staging:
+        (staging / DATA_FILE).write_text(json.dumps(choice.to_json(), indent=1) + "\n")
+        manifest = write_manifest(staging, ARTIFACT_KIND, provenance)
+    return manifest
 
 
 def load_tree_artifact(
     directory: Path, *, acceptance_manifest_hash: str | None = None, hardware_manifest_hash: str | None = None,
 ) -> TreeArtifact:
     """Read and verify a tree artifact; if expected input hashes are given, a mismatch is an error."""
-    manifest = read_manifest(directory, kind=ARTIFACT_KIND)
+    manifest = read_manifest(directory, kind=ARTIFACT_KIND, required=(DATA_FILE,))
     choice = TreeChoice.from_json(json.loads((Path(directory) / DATA_FILE).read_text()))
     prov = manifest.provenance
     if prov.get("topology_hash") != stable_hash([list(path) for path in choice.paths]):
