@@ -94,12 +94,45 @@ def tree_leaves_needed(spec: DecoderSpec) -> int:
     return fitted_generation(spec).limits.max_nodes
 
 
+DRAFT_LEAVES_FLOOR = 64  # what a tree artifact chosen later (`--tree auto`) may need; small enough to cost little
+MAX_SEQUENCES = 255  # llama.cpp contexts hold at most 256 sequences (LLAMA_MAX_SEQ); one is the text
+
+
+def draft_leaves_needed(spec: DecoderSpec) -> int:
+    """Leaf sequences a draft model's llama.cpp context needs to re-read its tree level by level
+    (every level but the last: at most that many leaves at once); 0 for a chain."""
+    template = draft_template(spec)
+    if template is None:
+        return 0
+    deepest = max(map(len, template), default=0)
+    reread = sum(len(path) < deepest for path in template)
+    if reread > MAX_SEQUENCES:
+        raise ValueError(f"the draft tree re-reads {reread} rows per proposal; a llama.cpp draft context holds at most "
+                         f"{MAX_SEQUENCES} tree sequences: use a narrower tree above its last level")
+    return max(DRAFT_LEAVES_FLOOR, reread)
+
+
+def unused_options(spec: DecoderSpec) -> list[str]:
+    """Options given that the chosen proposer would silently ignore (the CLI refuses them)."""
+    unused = []
+    if spec.draft and spec.proposer not in ("draft-model", "auto"):
+        unused.append(f"--draft is for --proposer draft-model (or auto), not {spec.proposer}")
+    if spec.tree and spec.proposer != "draft-model":
+        unused.append(f"--tree shapes a draft-model tree, not a {spec.proposer} proposal")
+    if spec.index and spec.proposer not in ("rest", "auto"):
+        unused.append(f"--index is for --proposer rest (or auto), not {spec.proposer}")
+    return unused
+
+
 def draft_template(spec: DecoderSpec) -> Template | None:
     """The draft tree: a template spec, or a directory written by `draftwise tree optimize`,
     whose paths are used only under the sampling policy it was optimized for."""
     if not spec.tree:
         return None
     # a JSON list of paths is a template, never a directory (and may be longer than a file name may)
+    looks_like_path = not spec.tree.lstrip().startswith("[") and ("/" in spec.tree or spec.tree.startswith("."))
+    if looks_like_path and not Path(spec.tree).is_dir():
+        raise ValueError(f"tree {spec.tree!r}: no such tree directory (from `draftwise tree optimize`)")
     if not spec.tree.lstrip().startswith("[") and Path(spec.tree).is_dir():
         from draftwise.optimize.select import load_tree_artifact
 

@@ -13,7 +13,16 @@ from rich.console import Console
 from rich.table import Table
 
 from draftwise import models
-from draftwise.build import DecoderSpec, build_decoder, load_backend, preflight, tree_leaves_needed
+from draftwise.build import (
+    MAX_SEQUENCES,
+    DecoderSpec,
+    build_decoder,
+    draft_leaves_needed,
+    load_backend,
+    preflight,
+    tree_leaves_needed,
+    unused_options,
+)
 from draftwise.engine import GenerationConfig, GenerationResult
 from draftwise.optimize.auto_proposer import CALIBRATION_WORKLOAD, auto_preflight
 from draftwise.optimize.calibrate import relation_for
@@ -78,6 +87,9 @@ def generate(
             generation=GenerationConfig(max_new_tokens=max_new_tokens, policy=policy, seed=seed, stop_strings=tuple(stop),
                                         exact=not allow_heuristic),
         )
+        unused = unused_options(spec)
+        if unused:
+            raise ValueError("; ".join(unused))
         auto = tree == "auto"
         if auto:  # the tree is chosen after loading; its contract is known now
             spec = replace(spec, tree=AUTO_PLACEHOLDER, relation=relation_for(policy).value)
@@ -90,7 +102,7 @@ def generate(
         _quiet_llama_cpp()
         say = None if as_json else (lambda m: err.print(f"[dim]{m}[/]"))
         target_backend = load_backend(target, backend, threads, progress=say, max_tree_leaves=leaves)
-        draft_backend = (load_backend(draft, backend, threads, progress=say, max_tree_leaves=0 if tree is None else 64)
+        draft_backend = (load_backend(draft, backend, threads, progress=say, max_tree_leaves=draft_leaves_needed(spec))
                          if proposer in ("draft-model", "auto") and draft else None)
         if auto:
             spec = _auto_tree_spec(spec, target_backend, draft_backend, calibration_workload, say)
@@ -287,14 +299,28 @@ def profile(
         except ValueError:
             _fail(f"--rows {rows_list!r} is not a comma-separated list of integers")
             return
+        if rows[0] < 1:
+            _fail(f"--rows {rows_list!r}: a round verifies at least 1 row")
+            return
         if rows[0] != 1:
             _fail("--rows must include 1: t(n) is relative to a plain decoding step")
             return
     else:
         rows = tuple(2**i for i in range(max_rows.bit_length()) if 2**i <= max_rows)
-    target_backend = load_backend(target, backend, threads, progress=lambda m: err.print(f"[dim]{m}[/]"))
-    result = write_profile(target_backend, Path(out), prefix_len=prefix_len, rows=rows, repeats=repeats,
-                           progress=lambda m: err.print(m), chain=chain)
+    for value, name in ((prefix_len, "--prefix-len"), (repeats, "--repeats"), (max_rows, "--max-rows")):
+        if value < 1:
+            _fail(f"{name} must be >= 1, got {value}")
+            return
+    try:
+        # a tree of n rows has at most n - 1 leaves; chains need no tree sequences
+        leaves = 0 if chain else min(max(rows), MAX_SEQUENCES)
+        target_backend = load_backend(target, backend, threads, progress=lambda m: err.print(f"[dim]{m}[/]"),
+                                      max_tree_leaves=leaves)
+        result = write_profile(target_backend, Path(out), prefix_len=prefix_len, rows=rows, repeats=repeats,
+                               progress=lambda m: err.print(m), chain=chain)
+    except (ValueError, RuntimeError, OSError) as exc:
+        _fail(str(exc))
+        return
     table = Table("rows", "median s", "t(n)/t(1)")
     for n, absolute, relative in zip(result.rows, result.absolute_s, result.relative):
         table.add_row(str(n), f"{absolute:.5f}", f"{relative:.3f}")

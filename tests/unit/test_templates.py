@@ -93,6 +93,9 @@ def test_parse_template():
         ('{"a": 1}', "unknown kind"),
         ("[0, 1]", "JSON list of paths"),
         ("[[1]]", "no gap"),
+        ("[]", "no node"),
+        ("[[0],[0]]", "a path twice"),
+        ("cartesian:64,64,64", "more than 4096"),
     ],
 )
 def test_parse_template_errors(spec, message):

@@ -17,7 +17,7 @@ from draftwise.backends.base import Backend
 from draftwise.bench.methods import MethodSpec
 from draftwise.bench.outputs import EmitClock, TurnOutput
 from draftwise.bench.pool import ModelPool
-from draftwise.build import build_decoder, tree_leaves_needed
+from draftwise.build import build_decoder, draft_leaves_needed, tree_leaves_needed
 from draftwise.engine import GenerationConfig
 from draftwise.models import cache_dir
 from draftwise.optimize.auto_proposer import auto_preflight, choose_for_workload
@@ -81,7 +81,7 @@ def prepare(method: MethodSpec, pool: ModelPool, generation: GenerationConfig) -
         auto = method.decoder.proposer == "auto"
         leaves = auto_preflight(method.decoder) if auto else tree_leaves_needed(method.decoder)
         target = pool.backend(method.target, method.backend, leaves=leaves)
-        draft_leaves = 0 if method.decoder.tree is None else method.decoder.generation.limits.max_nodes
+        draft_leaves = draft_leaves_needed(method.decoder)
         draft = pool.backend(method.draft, method.backend, role="draft", leaves=draft_leaves) if method.draft else None
         if auto:  # the answers record what was chosen: describe() reads the resolved decoder
             choice = choose_for_workload(method.decoder, target, draft,

@@ -93,8 +93,22 @@ def max_depth(template: Template) -> int:
     return max((len(p) for p in template), default=0)
 
 
+MAX_TEMPLATE_NODES = 4096  # a user's template beyond this is a typo, not a tree anyone can verify
+
+
 def parse_template(spec: str) -> Template:
-    """'chain:4', 'cartesian:3,2,2', 'wbd:2,2,1', or a JSON list of paths such as '[[0],[1],[0,0]]'."""
+    """'chain:4', 'cartesian:3,2,2', 'wbd:2,2,1', or a JSON list of paths such as '[[0],[1],[0,0]]'.
+    User input is held to more than `from_paths` asks: no empty tree, no repeated path, and at
+    most MAX_TEMPLATE_NODES nodes."""
+    template = _parse(spec)
+    if not template:
+        raise ValueError(f"tree template {spec!r} has no node: it would draft nothing every round")
+    if len(template) > MAX_TEMPLATE_NODES:
+        raise ValueError(f"tree template {spec!r} has {len(template)} nodes, more than {MAX_TEMPLATE_NODES}")
+    return template
+
+
+def _parse(spec: str) -> Template:
     text = spec.strip()
     if text.startswith("["):
         try:
@@ -103,6 +117,9 @@ def parse_template(spec: str) -> Template:
             raise ValueError(f"tree template {spec!r} is not valid JSON: {err}") from err
         if not isinstance(paths, list) or not all(isinstance(p, list) for p in paths):
             raise ValueError(f"tree template {spec!r} must be a JSON list of paths (lists of slot indices)")
+        repeated = len({tuple(p) for p in paths}) != len(paths)
+        if repeated:
+            raise ValueError(f"tree template {spec!r} lists a path twice (each node is one draft)")
         return from_paths(paths)
     kind, sep, args = text.partition(":")
     if not sep:
