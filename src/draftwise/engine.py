@@ -192,8 +192,7 @@ class SpeculativeDecoder:
 
         offered = compile_round(len(context), results, limits)
         proposed = any(r.nodes for r in results)
-        round_, gated = gate_round(gate, offered, results, len(context), limits.max_nodes,
-                                   reads_prompt=reads_prompt)
+        round_, gated = gate_round(gate, offered, reads_prompt=reads_prompt)
         seconds["compile"], clock = _lap(clock)
 
         logits = self.target.verify(context[-1], round_ if round_.n else None, unread=unread)

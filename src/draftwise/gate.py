@@ -32,9 +32,8 @@ from typing import Sequence
 
 import numpy as np
 
-from draftwise.contracts import ProposalResult
 from draftwise.optimize.hardware import VerifyCostProfile
-from draftwise.topology.compile import CompiledRound, TreeLimits, compile_round
+from draftwise.topology.compile import CompiledRound, cut_to_depth
 from draftwise.verify.base import IncompatibleVerifier, VerifierCapabilities
 
 
@@ -154,17 +153,16 @@ def rows_within_depths(round_: CompiledRound, max_depth: int) -> list[int]:
     return np.cumsum(counts).tolist()
 
 
-def gate_round(gate: CostGate | None, offered: CompiledRound, results: list[ProposalResult],
-               prefix_len: int, max_nodes: int, *, reads_prompt: bool) -> tuple[CompiledRound, bool]:
-    """The round to verify and whether the gate cut it: `offered` (compiled from `results`
-    under this round's limits) recompiled no deeper than `gate` chooses.  The one rule the
-    engine and the replay share, so that replayed predictions gate exactly as decoding does.
-    A round that reads the prompt (round 1) is never cut: its forward reads the whole prompt
-    anyway, so its candidate rows are nearly free."""
+def gate_round(gate: CostGate | None, offered: CompiledRound, *, reads_prompt: bool) -> tuple[CompiledRound, bool]:
+    """The round to verify and whether the gate cut it: `offered` without its rows deeper than
+    `gate` chooses, so exactly the rows the gate priced.  The one rule the engine and the replay
+    share, so that replayed predictions gate exactly as decoding does.  A round that reads the
+    prompt (round 1) is never cut: its forward reads the whole prompt anyway, so its candidate
+    rows are nearly free."""
     if gate is None or reads_prompt or not offered.n:
         return offered, False
     deepest = int(offered.depth.max())
     depth = gate.choose(rows_within_depths(offered, deepest))
     if depth >= deepest:
         return offered, False
-    return compile_round(prefix_len, results, TreeLimits(max_nodes, depth)), True
+    return cut_to_depth(offered, depth), True

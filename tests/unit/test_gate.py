@@ -5,7 +5,7 @@ import pytest
 
 from draftwise.gate import CostGate, CostGateConfig, gate_round, rows_within_depths
 from draftwise.optimize.hardware import VerifyCostProfile
-from draftwise.topology.compile import TreeLimits, compile_round
+from draftwise.topology.compile import TreeLimits, compile_round, cut_to_depth
 from tests.helpers import result_from_paths
 
 
@@ -63,25 +63,39 @@ def test_tree_rows_count_every_candidate_within_the_depth():
     assert gate(costly_wide, prior_first=0.9, prior_continue=0.9).choose(rows_within_depths(round_, 3)) == 1
 
 
-def test_gate_round_recompiles_the_proposal_at_the_chosen_depth():
+def test_gate_round_cuts_the_offered_round_at_the_chosen_depth():
     results = [result_from_paths([[1, 2, 3], [1, 4], [5]])]
     offered = compile_round(5, results, TreeLimits())
     costly_wide = profile([1.0, 1.0, 1.0, 5.0, 5.0, 5.0])  # as above: depth 1 is the best buy
-    cut, gated = gate_round(gate(costly_wide, prior_first=0.9, prior_continue=0.9), offered, results, 5,
-                            TreeLimits().max_nodes, reads_prompt=False)
+    cut, gated = gate_round(gate(costly_wide, prior_first=0.9, prior_continue=0.9), offered, reads_prompt=False)
     assert gated
     assert cut.token_ids.tolist() == compile_round(5, results, TreeLimits(TreeLimits().max_nodes, 1)).token_ids.tolist()
     assert sorted(cut.token_ids.tolist()) == [1, 5] and int(cut.depth.max()) == 1
+
+
+def test_the_cut_round_holds_exactly_the_rows_the_gate_priced():
+    """Near the end of the context the node budget cut the offered round; a recompile at a
+    shallower depth would let in nodes of later candidates that the budget had cut (the
+    depth-cut ones take no budget), rows the gate never priced.  The cut keeps only offered rows."""
+    results = [result_from_paths([[1, 2, 3, 4], [5, 6, 7, 8]])]
+    offered = compile_round(5, results, TreeLimits(max_nodes=4, max_depth=16))  # candidate 1 only
+    assert offered.token_ids.tolist() == [1, 2, 3, 4]
+    cut = cut_to_depth(offered, 2)
+    assert cut.token_ids.tolist() == [1, 2] and rows_within_depths(offered, 4)[2] == cut.n
+    assert compile_round(5, results, TreeLimits(max_nodes=4, max_depth=2)).n == 4  # what a recompile let in
+    # the kept rows keep their structure: parents, masks, where every input node landed
+    assert cut.parent.tolist() == [-1, 0] and cut.ancestor_mask.tolist() == [[True, False], [True, True]]
+    assert cut.origin == ((0, 1, -2, -2, -2, -2, -2, -2),)
 
 
 def test_gate_round_leaves_the_prompt_round_an_absent_gate_and_an_uncut_choice_alone():
     results = [result_from_paths([[1, 2, 3]])]
     offered = compile_round(5, results, TreeLimits())
     closed = gate(prior_first=0.01, prior_continue=0.01)  # STEP profile: would take a plain step
-    assert gate_round(closed, offered, results, 5, 64, reads_prompt=True) == (offered, False)
-    assert gate_round(None, offered, results, 5, 64, reads_prompt=False) == (offered, False)
-    assert gate_round(gate(FLAT, prior_first=0.9), offered, results, 5, 64, reads_prompt=False) == (offered, False)
-    plain, gated = gate_round(closed, offered, results, 5, 64, reads_prompt=False)
+    assert gate_round(closed, offered, reads_prompt=True) == (offered, False)
+    assert gate_round(None, offered, reads_prompt=False) == (offered, False)
+    assert gate_round(gate(FLAT, prior_first=0.9), offered, reads_prompt=False) == (offered, False)
+    plain, gated = gate_round(closed, offered, reads_prompt=False)
     assert gated and plain.n == 0  # depth 0: an ordinary target step
 
 

@@ -114,8 +114,9 @@ def replay(
         results = [proposer.propose(context, REPLAY_MANIFEST, max_depth=this_round.max_depth)] if asked else []
         propose_s = time.perf_counter() - clock
         offered = compile_round(len(context), results, this_round)
-        round_, gated = gate_round(state, offered, results, len(context), this_round.max_nodes,
-                                   reads_prompt=produced == 0)
+        # the engine's rule: round 1 reads the prompt's unread tokens in its forward (a one-token
+        # prompt has none to read)
+        round_, gated = gate_round(state, offered, reads_prompt=produced == 0 and len(trace.prompt) > 1)
         future = trace.tokens[produced:]
         accepted = accepted_along(round_, future)
         decided = list(future[: accepted + 1])  # accepted candidates, then the target's own token

@@ -116,10 +116,25 @@ def compile_round(prefix_len: int, results: list[ProposalResult], limits: TreeLi
                            if p == -1 or rows_of_nodes[p] >= 0})
         else:
             q_dist.append({})
-    return _assemble(prefix_len, tokens, parents, depths, source_ids, qs, scores, origin, q_dist, results)
+    return _assemble(prefix_len, tokens, parents, depths, source_ids, qs, scores, origin, q_dist,
+                     tuple(r.source for r in results))
 
 
-def _assemble(prefix_len, tokens, parents, depths, source_ids, qs, scores, origin, q_dist, results) -> CompiledRound:
+def cut_to_depth(round_: CompiledRound, depth: int) -> CompiledRound:
+    """`round_` without its rows deeper than `depth`: exactly the rows it held at depth <= d,
+    in the same order (rows are parent-before-child, so the kept ones still are)."""
+    keep = np.flatnonzero(round_.depth <= depth)  # [K] old row ids, ascending
+    new_of = np.full(round_.n + 1, -2, dtype=np.int64)  # old row + 1 -> new row (-2: cut); the frontier stays -1
+    new_of[0] = -1
+    new_of[keep + 1] = np.arange(keep.size)
+    origin = tuple(tuple(int(new_of[row + 1]) if row >= 0 else row for row in rows) for rows in round_.origin)
+    q_dist = tuple({int(new_of[p + 1]): d for p, d in dists.items() if new_of[p + 1] != -2} for dists in round_.q_dist)
+    return _assemble(round_.prefix_len, round_.token_ids[keep].tolist(), new_of[round_.parent[keep] + 1].tolist(),
+                     round_.depth[keep].tolist(), round_.source_id[keep].tolist(), round_.q[keep].tolist(),
+                     round_.score[keep].tolist(), list(origin), list(q_dist), round_.sources)
+
+
+def _assemble(prefix_len, tokens, parents, depths, source_ids, qs, scores, origin, q_dist, sources) -> CompiledRound:
     n = len(tokens)
     parent = np.asarray(parents, dtype=np.int64).reshape(n)
     depth = np.asarray(depths, dtype=np.int64).reshape(n)
@@ -140,7 +155,7 @@ def _assemble(prefix_len, tokens, parents, depths, source_ids, qs, scores, origi
         ancestor_mask=mask,
         predictor_row=parent.copy(),
         source_id=np.asarray(source_ids, dtype=np.int64).reshape(n),
-        sources=tuple(r.source for r in results),
+        sources=tuple(sources),
         q=np.asarray(qs, dtype=np.float64).reshape(n),
         score=np.asarray(scores, dtype=np.float64).reshape(n),
         origin=tuple(origin),
