@@ -87,3 +87,24 @@ def test_a_trace_from_records_takes_round_one_and_the_median_step():
     assert Trace.from_dict(made.as_dict()) == made
     with pytest.raises(ValueError):
         Trace((1,), (), 1.0, 1.0)
+
+
+def test_auto_skips_candidates_a_trace_cannot_replay_and_says_why_when_nothing_fits():
+    from dataclasses import replace as _replace
+
+    from draftwise.engine import GenerationConfig
+
+    from draftwise.build import DecoderSpec
+    from draftwise.optimize.auto_proposer import auto_preflight, candidate_specs
+    from draftwise.proposers.prompt_lookup import PromptLookupConfig
+    from draftwise.sampling import SamplingPolicy
+
+    sampling = GenerationConfig(policy=SamplingPolicy(temperature=0.8), exact=False)
+    typical = DecoderSpec(proposer="auto", verifier="typical", generation=sampling,
+                          prompt_lookup=_replace(PromptLookupConfig(), max_candidates=4))
+    kept, skipped = candidate_specs(typical, has_draft=False)
+    assert [name for name, _ in kept] == ["plain"]
+    assert any(name == "prompt-lookup" and "its own rule" in why for name, why in skipped)
+    # exact mode refuses the heuristic verifier for every candidate, plain included: said, not a crash
+    with pytest.raises(ValueError, match="no proposer fits"):
+        auto_preflight(_replace(typical, generation=_replace(sampling, exact=True)))

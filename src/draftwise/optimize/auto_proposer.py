@@ -35,6 +35,7 @@ from draftwise.gate import CostGateConfig
 from draftwise.optimize.auto import AutoTreeConfig, artifact_matches, auto_gate_directory, ensure_profile, gate_rows
 from draftwise.optimize.hardware import VerifyCostProfile
 from draftwise.optimize.replay import Trace, predicted_seconds, replay, trace_from_records
+from draftwise.verify.registry import VERIFIERS
 
 TRACES_KIND = "plain_traces"
 TRACES_FILE = "traces.json"
@@ -89,9 +90,15 @@ def candidate_specs(spec: DecoderSpec, has_draft: bool) -> tuple[list[tuple[str,
     kept = []
     for name, candidate in named:
         try:
-            preflight(candidate)
+            verifier = preflight(candidate)
         except ValueError as exc:  # contract, policy and verifier errors are all ValueErrors
             skipped.append((name, str(exc)))
+            continue
+        replayable = spec.generation.policy.greedy or VERIFIERS[verifier]().capabilities.any_candidates
+        if candidate.proposer != "none" and not replayable:
+            # a replay accepts exactly the target's own tokens: what greedy and membership do
+            skipped.append((name, f"verifier {verifier!r} accepts by its own rule, which a trace of the target "
+                                  "alone cannot replay"))
             continue
         kept.append((name, candidate))
     return kept, skipped
@@ -104,7 +111,7 @@ def auto_preflight(spec: DecoderSpec) -> int:
         raise ValueError("--proposer auto tries each proposer with and without the cost gate, draft chains only; "
                          "drop --gate and --tree (or pick the proposer yourself)")
     kept, skipped = candidate_specs(spec, has_draft=False)
-    if len(kept) == 1 and skipped:  # plain decoding alone is left: say why the others went
+    if len(kept) <= 1 and skipped:  # plain decoding alone (or nothing) is left: say why the others went
         raise ValueError("--proposer auto: no proposer fits; " + "; ".join(f"{n}: {why}" for n, why in skipped))
     return max(tree_leaves_needed(candidate) for _, candidate in kept)
 
@@ -173,6 +180,8 @@ def choose_proposer(
     if not prompts:
         raise ValueError("--proposer auto needs at least one calibration prompt")
     candidates, skipped = candidate_specs(spec, draft is not None)
+    if not candidates:  # even plain decoding was refused (a heuristic verifier without --allow-heuristic, ...)
+        raise ValueError("--proposer auto: no candidate fits; " + "; ".join(f"{n}: {why}" for n, why in skipped))
     generation = replace(spec.generation, max_new_tokens=trace_tokens)
     traces_dir = Path(cache_root) / "traces" / stable_hash(trace_key(target, prompts, generation))[:20]
     traces = ensure_traces(target, prompts, generation, traces_dir, say)
