@@ -111,6 +111,9 @@ def generate(
             verifier_name = preflight(spec)
         decoder = build_decoder(spec, target_backend, draft_backend, progress=say)
         prompt_ids = target_backend.chat_prompt([{"role": "user", "content": prompt}]) if chat else target_backend.tokenize(prompt)
+        if not decoder.verifier.capabilities.exact and not as_json:  # said before a single token is printed
+            err.print("[bold yellow]warning:[/] a heuristic verifier makes this output: it is NOT distributed "
+                      "as the target model alone")
         stream = None if as_json else TextStream(target_backend.detokenize, target_backend.info.eos_token_ids, sys.stdout)
         result = decoder.generate(prompt_ids, on_tokens=None if stream is None else stream.on_tokens)
         if stream is not None:
@@ -268,9 +271,11 @@ def oracle(as_json: bool = typer.Option(False, "--json")) -> None:
     if as_json:
         print(json.dumps([r.__dict__ for r in results], default=float))
     else:
-        table = Table("oracle", "computed", "expected", "pass")
+        # the detail says what "pass" means: for the counterexample oracles it is a LARGE deviation
+        table = Table("oracle", "computed", "expected", "tolerance", "pass", "detail")
         for r in results:
-            table.add_row(r.name, f"{r.computed:.12g}", f"{r.expected:.12g}", "[green]pass[/]" if r.passed else "[red]FAIL[/]")
+            table.add_row(r.name, f"{r.computed:.12g}", f"{r.expected:.12g}", f"{r.tolerance:.3g}",
+                          "[green]pass[/]" if r.passed else "[red]FAIL[/]", r.detail)
         Console().print(table)
     raise typer.Exit(0 if all(r.passed for r in results) else 1)
 

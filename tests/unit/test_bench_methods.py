@@ -147,3 +147,22 @@ def test_a_long_json_tree_is_a_template_not_a_path():
     assert len(tree) > 255
     m = parse_method(f"t=dw:proposer=draft-model,tree={tree},relation=iid", DEFAULTS)
     assert m.decoder.tree == tree
+
+
+def test_a_heuristic_method_is_labelled_and_never_ranked_as_exact():
+    from draftwise.bench.report import _winner
+    from draftwise.sampling import SamplingPolicy
+
+    sampling = MethodDefaults(target="smollm2-135m", draft=None,
+                              generation=GenerationConfig(policy=SamplingPolicy(temperature=0.8)))
+    typical = parse_method("t=dw:proposer=prompt-lookup,candidates=4,verifier=typical,exact=false", sampling)
+    assert typical.heuristic and "HEURISTIC" in typical.describe()
+    assert not parse_method("p=dw:proposer=prompt-lookup", sampling).heuristic
+
+    def method(speedup, heuristic):
+        return {"overall": {"questions": 2, "speedup": speedup, "tokens_per_s": speedup, "mismatches": None},
+                "plain": False, "heuristic": heuristic}
+
+    summary = {"workload": {"questions": 2}, "settings": {"temperature": 0.8},
+               "methods": {"typical": method(3.0, True), "sequoia": method(1.2, False)}}
+    assert "**sequoia**, 1.20x" in _winner(summary)

@@ -99,7 +99,14 @@ class MethodSpec:
             parts += [f"lookup={p.num_tokens}", f"ngram={p.max_ngram}", f"candidates={p.max_candidates}"]
         if d.gate:
             parts.append(f"gate={d.gate}")
+        if not d.generation.exact:
+            parts.append("exact=false (HEURISTIC verifier allowed: outputs are not the target's distribution)")
         return "dw: " + ", ".join(parts)
+
+    @property
+    def heuristic(self) -> bool:
+        """A draftwise method allowed a heuristic verifier: its output is not the target's law."""
+        return self.kind == "dw" and not self.decoder.generation.exact
 
 
 def parse_method(text: str, defaults: MethodDefaults) -> MethodSpec:

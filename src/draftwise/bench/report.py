@@ -45,7 +45,7 @@ def _winner(summary: dict) -> str:
     scope = "" if complete else f" (partial run, at most {most} of {total} questions per method: a provisional ranking)"
     sampled = summary["settings"]["temperature"] != 0.0
     valid = [(m["overall"]["speedup"], name) for name, m in pool.items()
-             if m["overall"]["speedup"] is not None and not m.get("plain")
+             if m["overall"]["speedup"] is not None and not m.get("plain") and not m.get("heuristic")
              and (m["overall"]["mismatches"] == 0 or sampled)]
     fastest = max(((m["overall"]["tokens_per_s"], n) for n, m in pool.items()), default=None)
     lines = []
@@ -90,6 +90,8 @@ def _methods_table(summary: dict) -> list[str]:
     lines = ["## Methods", "", "| method | configuration | reference | status |", "|---|---|---|---|"]
     for name, m in summary["methods"].items():
         status = f"skipped: {m['skipped']}" if m["skipped"] else f"{m['overall']['questions']} questions"
+        if m.get("heuristic"):
+            status = "**HEURISTIC** (not exact), " + status
         if m["overall"]["errors"]:
             status += f", {m['overall']['errors']} failed"
         lines.append(f"| {name} | {m['config']} | {m['reference'] or '–'} | {status.replace('|', '/')} |")

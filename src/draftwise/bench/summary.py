@@ -56,6 +56,7 @@ def build_summary(root: Path) -> dict:
             "draft": method.draft,
             "reference": ref_name,
             "plain": method.is_plain,
+            "heuristic": method.heuristic,  # never ranked as exact; labelled in the report
             "skipped": session.get("skipped", {}).get(method.name),  # in the latest session
             "rss_after_load_mb": session.get("rss_after_load_mb", {}).get(method.name),
             "overall": overall,

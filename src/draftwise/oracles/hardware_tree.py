@@ -15,6 +15,7 @@ from draftwise.optimize.sequoia_dp import brute_force, solve
 from draftwise.oracles.registry import OracleResult, register
 
 TOY_H = (0.82, 0.48, 0.24)
+TOY_P = (0.82, 0.0864, 0.022464)  # by hand: 0.48 * 0.18, 0.24 * 0.18 * 0.52
 TOY_T = dict(zip(range(2, 9), (1.00, 1.03, 1.08, 1.16, 1.28, 1.43, 1.62)))
 TOY_C = 0.09
 TOY_D_MAX = 4
@@ -36,7 +37,10 @@ BRUTE_FORCE_N, BRUTE_FORCE_D = 7, 5
 @register
 def hardware_tree_toy() -> OracleResult:
     """The design's toy: the optimizer must pick the five-node chain with G = 3.49588976."""
-    choice = optimize_tree(selected_child_probs(TOY_H), TOY_T.__getitem__, TOY_C, TOY_T.keys(), TOY_D_MAX)
+    p = selected_child_probs(TOY_H)
+    # the chain's G reads p[0] only: the h -> p conversion is checked against the hand values itself
+    p_ok = all(abs(float(a) - b) <= TOLERANCE for a, b in zip(p, TOY_P)) and len(p) == len(TOY_P)
+    choice = optimize_tree(p, TOY_T.__getitem__, TOY_C, TOY_T.keys(), TOY_D_MAX)
     shape_ok = (choice.n, choice.d, choice.paths) == (5, 4, TOY_PATHS)
     tpt_ok = round(choice.time_per_token, 4) == TOY_TIME_PER_TOKEN
     g_ok = abs(choice.expected_tokens - TOY_G) <= TOLERANCE
@@ -45,8 +49,9 @@ def hardware_tree_toy() -> OracleResult:
         computed=choice.expected_tokens,
         expected=TOY_G,
         tolerance=TOLERANCE,
-        passed=shape_ok and tpt_ok and g_ok,
-        detail=(f"chose n={choice.n} d={choice.d} paths={choice.paths}; time/token "
+        passed=p_ok and shape_ok and tpt_ok and g_ok,
+        detail=(f"p = {[round(float(x), 12) for x in p]} (expect {list(TOY_P)}); "
+                f"chose n={choice.n} d={choice.d} paths={choice.paths}; time/token "
                 f"{choice.time_per_token:.6f} (expect {TOY_TIME_PER_TOKEN}), speedup {choice.speedup:.4f}"),
     )
 
