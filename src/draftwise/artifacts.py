@@ -11,6 +11,7 @@ import hashlib
 import json
 import platform
 import shutil
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,35 +72,54 @@ def write_manifest(directory: Path, kind: str, provenance: Mapping[str, Any]) ->
     return manifest
 
 
+UNREADABLE = "<unreadable manifest>"
+
+
+def manifest_kind(directory: Path) -> str | None:
+    """The kind `directory`'s manifest declares (read, not verified); None without a manifest,
+    UNREADABLE when there is one that does not parse."""
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        body = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return UNREADABLE
+    return str(body.get("kind")) if isinstance(body, dict) else UNREADABLE
+
+
 def holds_kind(directory: Path, kind: str) -> bool:
     """Whether `directory` holds an artifact of `kind` (read, not verified)."""
-    try:
-        body = json.loads((Path(directory) / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(body, dict) and body.get("kind") == kind
+    return manifest_kind(directory) == kind
 
 
 @contextmanager
 def staged_artifact(directory: Path, kind: str) -> Iterator[Path]:
-    """Yield `<directory>.partial` to write an artifact of `kind` into, and move it into place
-    only once the body has finished: an error leaves no half-written artifact.  An existing
-    `directory` is replaced only when it is empty or holds an artifact of the same kind (an
-    --out that names an input artifact, or a working tree, is refused before anything is written)."""
+    """Yield a fresh staging directory beside `directory` to write an artifact of `kind` into,
+    and move it into place only once the body has finished: an error leaves no half-written
+    artifact, and the old artifact is set aside (not deleted) until the new one is in place.
+    An existing `directory` is replaced only when it is empty or holds an artifact of the same
+    kind (an --out that names an input artifact, or a working tree, is refused before anything
+    is written); a symbolic link is refused rather than followed."""
     directory = Path(directory)
+    if directory.is_symlink():
+        raise ArtifactError(f"{directory} is a symbolic link; give the artifact's real directory")
     if directory.exists() and not (directory.is_dir() and (holds_kind(directory, kind) or not any(directory.iterdir()))):
         raise ArtifactError(f"{directory} exists and is not a {kind!r} artifact; refusing to write over it")
-    staging = directory.with_name(directory.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)  # a leftover of an interrupted write of this same artifact
-    staging.mkdir(parents=True)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f"{directory.name}.partial-", dir=directory.parent))
     try:
         yield staging
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    old = None
     if directory.exists():
-        shutil.rmtree(directory)
+        old = Path(tempfile.mkdtemp(prefix=f"{directory.name}.old-", dir=directory.parent))
+        directory.rename(old / directory.name)
     staging.rename(directory)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def read_manifest(directory: Path, kind: str | None = None, verify: bool = True,
@@ -114,8 +134,9 @@ def read_manifest(directory: Path, kind: str | None = None, verify: bool = True,
         body = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ArtifactError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(body, dict) or not isinstance(body.get("provenance"), dict) or not isinstance(body.get("files"), dict):
-        raise ArtifactError(f"{path} is not a draftwise manifest (it needs kind, provenance and files)")
+    if (not isinstance(body, dict) or not isinstance(body.get("provenance"), dict) or not isinstance(body.get("files"), dict)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in body["files"].items())):
+        raise ArtifactError(f"{path} is not a draftwise manifest (it needs kind, provenance and files: name -> sha256)")
     if body.get("format_version") != FORMAT_VERSION:
         raise ArtifactError(f"{path} has format version {body.get('format_version')!r}; this draftwise reads {FORMAT_VERSION}")
     if kind is not None and body.get("kind") != kind:
@@ -161,25 +182,38 @@ def stamp_path(stamps: Path, name: str) -> Path:
     return Path(stamps) / f"{name.replace('/', '__')}.json"
 
 
-def checked_sha256(path: Path, stamp: Path) -> str:
-    """sha256 of `path`, hashed again only when its size or modification time differ from
-    `stamp`, the record of its last full hash (a truncated, rewritten or replaced file changes
-    them; `draftwise models verify` and `index verify` always hash in full)."""
+def _identity(path: Path) -> dict:
+    """What changes whenever a file's bytes can have: size, inode, mtime and ctime (ctime cannot be
+    set back by `utime`, so a same-size swap that restores the mtime, `cp -p`, `rsync -t`, still shows)."""
     info = Path(path).stat()
+    return {"size": info.st_size, "inode": info.st_ino, "mtime_ns": info.st_mtime_ns, "ctime_ns": info.st_ctime_ns}
+
+
+def checked_sha256(path: Path, stamp: Path) -> str:
+    """sha256 of `path`, hashed again only when its identity (size, inode, mtime, ctime) differs
+    from `stamp`, the record of its last full hash.  `draftwise models verify` and `index
+    verify` always hash in full."""
+    before = _identity(path)
     try:
         recorded = json.loads(Path(stamp).read_text())
     except (OSError, ValueError):
         recorded = {}
-    if (isinstance(recorded, dict) and recorded.get("size") == info.st_size
-            and recorded.get("mtime_ns") == info.st_mtime_ns and isinstance(recorded.get("sha256"), str)):
+    if isinstance(recorded, dict) and isinstance(recorded.get("sha256"), str) and recorded.get("file") == before:
         return recorded["sha256"]
     digest = sha256_file(path)
-    write_stamp(path, digest, stamp)
+    write_stamp(path, digest, stamp, before)
     return digest
 
 
-def write_stamp(path: Path, digest: str, stamp: Path) -> None:
-    """Record that `path`, as it is now, hashes to `digest` (see `checked_sha256`)."""
-    info = Path(path).stat()
-    Path(stamp).parent.mkdir(parents=True, exist_ok=True)
-    Path(stamp).write_text(json.dumps({"size": info.st_size, "mtime_ns": info.st_mtime_ns, "sha256": digest}))
+def write_stamp(path: Path, digest: str, stamp: Path, before: dict | None = None) -> None:
+    """Record that `path` hashes to `digest`.  `before`: its identity when the hash began; a file
+    that changed while it was being hashed gets no stamp (the next load hashes it again).  The
+    stamp is an optimisation: a cache that cannot be written (read-only) just goes unstamped."""
+    now = _identity(path)
+    if before is not None and before != now:
+        return
+    try:
+        Path(stamp).parent.mkdir(parents=True, exist_ok=True)
+        Path(stamp).write_text(json.dumps({"file": now, "sha256": digest}))
+    except OSError:
+        pass

@@ -99,7 +99,7 @@ def test_a_stamp_spares_rehashing_an_unchanged_file_and_any_change_rehashes(tmp_
     assert digest == sha256_file(data) and stamp.is_file()
     recorded = json.loads(stamp.read_text())
     stamp.write_text(json.dumps({**recorded, "sha256": "f" * 64}))  # a stale stamp is believed only if...
-    assert checked_sha256(data, stamp) == "f" * 64  # ...size and mtime still match (no re-read)
+    assert checked_sha256(data, stamp) == "f" * 64  # ...the file's identity still matches (no re-read)
     data.write_bytes(b"weights" * 999)  # truncated: the size changes
     assert checked_sha256(data, stamp) == sha256_file(data) != digest
     same_size = b"Weights" * 999
@@ -116,3 +116,39 @@ def test_verify_files_with_stamps_still_catches_tampering(tmp_path):
     os.utime(artifact / "w.bin", ns=(5, 5))
     with pytest.raises(ArtifactError, match="w.bin is corrupt"):
         verify_files(artifact, manifest, stamps=tmp_path / "stamps")
+
+
+def test_a_staged_write_never_deletes_what_it_did_not_make(tmp_path):
+    mine = tmp_path / "tree.partial"  # a user's directory that merely shares the old staging name
+    mine.mkdir()
+    (mine / "keep.txt").write_text("mine")
+    empty = tmp_path / "tree"
+    empty.mkdir()  # an empty --out is fine
+    with staged_artifact(empty, "tree") as staging:
+        assert staging != mine
+        make(staging, kind="tree")
+    assert (mine / "keep.txt").read_text() == "mine" and read_manifest(empty).kind == "tree"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tree", "tree.partial"]  # no staging or old copies left
+    link = tmp_path / "link"
+    link.symlink_to(empty)
+    with pytest.raises(ArtifactError, match="symbolic link"):
+        with staged_artifact(link, "tree"):
+            pass
+
+
+def test_a_stamp_is_not_fooled_by_a_same_size_swap_that_restores_the_mtime(tmp_path):
+    data, stamp = tmp_path / "model.bin", tmp_path / "model.json"
+    data.write_bytes(b"a" * 100)
+    checked_sha256(data, stamp)
+    mtime = data.stat().st_mtime_ns
+    data.write_bytes(b"b" * 100)  # same size
+    os.utime(data, ns=(mtime, mtime))  # and the old mtime back (cp -p, rsync -t): the ctime still moved
+    assert checked_sha256(data, stamp) == sha256_file(data)
+
+
+def test_a_cache_that_cannot_take_stamps_still_verifies(tmp_path):
+    data = tmp_path / "model.bin"
+    data.write_bytes(b"w" * 10)
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the stamps directory would go")
+    assert checked_sha256(data, blocked / "model.json") == sha256_file(data)  # no stamp written, no error

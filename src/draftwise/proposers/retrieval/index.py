@@ -29,7 +29,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from draftwise.artifacts import ArtifactError, Manifest, holds_kind, read_manifest, write_manifest
+from draftwise.artifacts import UNREADABLE, ArtifactError, Manifest, manifest_kind, read_manifest, write_manifest
 from draftwise.proposers.retrieval.corpus import CorpusError, CorpusSource, Document, Encoder, read_documents
 from draftwise.proposers.retrieval.exclusion import NgramFilter
 from draftwise.proposers.retrieval.query import MATCH_SELECTION, QueryConfig, SuffixArrays
@@ -298,7 +298,8 @@ class _Staging:
         self.path = out.with_name(out.name + ".partial")
         if out.exists() and not overwrite:
             raise RestIndexError(f"{out} already exists; pass overwrite (CLI: --force) to replace it")
-        if out.exists() and not (out.is_dir() and (holds_kind(out, KIND) or not any(out.iterdir()))):
+        # replaced: an index, an empty directory, or a corrupt artifact (a manifest that no longer parses)
+        if out.exists() and not (out.is_dir() and (manifest_kind(out) in (KIND, UNREADABLE) or not any(out.iterdir()))):
             raise RestIndexError(f"{out} exists and is not an index; refusing to replace it")
 
     def __enter__(self) -> "_Staging":
@@ -334,9 +335,12 @@ class RestIndex:
         """Load an index; with `verify` every file's sha256 is re-checked (sizes always are)."""
         directory = Path(directory)
         manifest = read_manifest(directory, kind=KIND, verify=verify)
-        layout = manifest.provenance["layout"]
-        unbound = [layout[role]["file"] for role in ("tokens", "suffix", "doc_starts", "first_token")
-                   if layout[role]["file"] not in manifest.files]
+        try:
+            layout = manifest.provenance["layout"]
+            unbound = [layout[role]["file"] for role in ("tokens", "suffix", "doc_starts", "first_token")
+                       if layout[role]["file"] not in manifest.files]
+        except (KeyError, TypeError) as exc:
+            raise ArtifactError(f"{directory}: the manifest's layout is incomplete ({exc!r})") from exc
         if unbound:
             raise ArtifactError(f"{directory}: the manifest does not bind {', '.join(unbound)}: it would load unchecked")
         maps, views = [], {}
