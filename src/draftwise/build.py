@@ -95,21 +95,19 @@ def tree_leaves_needed(spec: DecoderSpec) -> int:
 
 
 DRAFT_LEAVES_FLOOR = 64  # what a tree artifact chosen later (`--tree auto`) may need; small enough to cost little
-MAX_SEQUENCES = 255  # llama.cpp contexts hold at most 256 sequences (LLAMA_MAX_SEQ); one is the text
 
 
 def draft_leaves_needed(spec: DecoderSpec) -> int:
-    """Leaf sequences a draft model's llama.cpp context needs to re-read its tree level by level
-    (every level but the last: at most that many leaves at once); 0 for a chain."""
+    """Leaf sequences a draft model's llama.cpp context needs to re-read its tree level by level:
+    the leaves of the tree above its last level (a new leaf takes over its parent's sequence);
+    0 for a chain.  Transformers backends ignore it."""
     template = draft_template(spec)
     if template is None:
         return 0
     deepest = max(map(len, template), default=0)
-    reread = sum(len(path) < deepest for path in template)
-    if reread > MAX_SEQUENCES:
-        raise ValueError(f"the draft tree re-reads {reread} rows per proposal; a llama.cpp draft context holds at most "
-                         f"{MAX_SEQUENCES} tree sequences: use a narrower tree above its last level")
-    return max(DRAFT_LEAVES_FLOOR, reread)
+    above = {path for path in template if len(path) < deepest}
+    leaves = sum(not any(other[:-1] == path for other in above) for path in above)
+    return max(DRAFT_LEAVES_FLOOR, leaves)
 
 
 def unused_options(spec: DecoderSpec) -> list[str]:

@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from draftwise import models
+from draftwise.backends.base import LLAMACPP_MAX_SEQUENCES
 from draftwise.build import (
-    MAX_SEQUENCES,
     DecoderSpec,
     build_decoder,
     draft_leaves_needed,
@@ -318,7 +318,7 @@ def profile(
             return
     try:
         # a tree of n rows has at most n - 1 leaves; chains need no tree sequences
-        leaves = 0 if chain else min(max(rows), MAX_SEQUENCES)
+        leaves = 0 if chain else min(max(rows), LLAMACPP_MAX_SEQUENCES - 1)
         target_backend = load_backend(target, backend, threads, progress=lambda m: err.print(f"[dim]{m}[/]"),
                                       max_tree_leaves=leaves)
         result = write_profile(target_backend, Path(out), prefix_len=prefix_len, rows=rows, repeats=repeats,

@@ -21,6 +21,9 @@ from draftwise.topology.compile import CompiledRound
 from draftwise.verify.base import TargetLogits
 
 
+LLAMACPP_MAX_SEQUENCES = 256  # LLAMA_MAX_SEQ: sequences one llama.cpp context holds (one is the committed text)
+
+
 class BackendError(RuntimeError):
     """A backend refused an operation (context overflow, budget exceeded, bad state)."""
 

@@ -36,7 +36,14 @@ from typing import Sequence
 import llama_cpp
 import numpy as np
 
-from draftwise.backends.base import BackendError, BackendInfo, ContextOverflow, check_grows, check_path
+from draftwise.backends.base import (
+    LLAMACPP_MAX_SEQUENCES,
+    BackendError,
+    BackendInfo,
+    ContextOverflow,
+    check_grows,
+    check_path,
+)
 from draftwise.backends.llamacpp_batch import NumpyBatch
 from draftwise.backends.llamacpp_text import detokenize, model_meta, render_chat, tokenize, vocab_texts
 from draftwise.backends.base import tokenizer_fingerprint
@@ -99,6 +106,9 @@ class LlamaCppBackend:
         quick interleaved check under load measured plain decoding ~4% faster with 1 sequence than 65."""
         if model.kind != "gguf":
             raise BackendError(f"the llama.cpp backend loads .gguf files; {model.path!r} is a {model.kind}")
+        if max_tree_leaves + 1 > LLAMACPP_MAX_SEQUENCES:
+            raise BackendError(f"a tree of {max_tree_leaves} leaves needs {max_tree_leaves + 1} sequences; a llama.cpp "
+                               f"context holds at most {LLAMACPP_MAX_SEQUENCES} (use a narrower tree)")
         threads = n_threads or len(os.sched_getaffinity(0))
         mparams = llama_cpp.llama_model_default_params()
         handle = llama_cpp.llama_model_load_from_file(model.path.encode(), mparams)
