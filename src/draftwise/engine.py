@@ -181,7 +181,8 @@ class SpeculativeDecoder:
         for proposer in self.proposers if asked else ():
             results.append(proposer.propose(context, self.manifest.hash, max_depth=limits.max_depth))
             lap, clock = _lap(clock)
-            seconds[proposer.phase] = seconds.get(proposer.phase, 0.0) + lap
+            phase = getattr(proposer, "phase", "propose")  # a proposer written before the ledger named phases
+            seconds[phase] = seconds.get(phase, 0.0) + lap
         for proposer, result in zip(self.proposers, results):
             self.manifest.check(result)
             if result.contract != proposer.contract:  # the verifier was bound to the declared one

@@ -159,10 +159,26 @@ def test_a_heuristic_method_is_labelled_and_never_ranked_as_exact():
     assert typical.heuristic and "HEURISTIC" in typical.describe()
     assert not parse_method("p=dw:proposer=prompt-lookup", sampling).heuristic
 
-    def method(speedup, heuristic):
-        return {"overall": {"questions": 2, "speedup": speedup, "tokens_per_s": speedup, "mismatches": None},
-                "plain": False, "heuristic": heuristic}
+    def method(speedup, heuristic, questions=2, errors=0):
+        return {"overall": {"questions": questions, "errors": errors, "speedup": speedup, "tokens_per_s": speedup,
+                            "mismatches": None}, "plain": False, "heuristic": heuristic}
 
     summary = {"workload": {"questions": 2}, "settings": {"temperature": 0.8},
                "methods": {"typical": method(3.0, True), "sequoia": method(1.2, False)}}
     assert "**sequoia**, 1.20x" in _winner(summary)
+
+
+def test_the_winner_line_ranks_complete_methods_and_names_the_rest():
+    from draftwise.bench.report import _winner
+
+    def method(speedup, questions, errors=0):
+        return {"overall": {"questions": questions, "errors": errors, "speedup": speedup, "tokens_per_s": speedup,
+                            "mismatches": 0}, "plain": False, "heuristic": False}
+
+    summary = {"workload": {"questions": 60}, "settings": {"temperature": 0.0},
+               "methods": {"full": method(1.3, 60), "one-error": method(1.1, 59, errors=1), "early": method(2.5, 5)}}
+    line = _winner(summary)
+    assert "**full**, 1.30x" in line and "provisional" not in line  # 'early' is not compared with them
+    assert "Not ranked (did not attempt all 60 questions): early." in line
+    partial = {**summary, "methods": {"a": method(1.2, 26), "b": method(1.4, 27)}}
+    assert "**b**, 1.40x (partial run, at most 27 of 60 questions per method: a provisional ranking)" in _winner(partial)

@@ -81,9 +81,11 @@ def test_calibration_costs_are_medians_of_the_rounds_after_the_prompt_read():
     counts = calibrate(Replayed([first, *later]), [[1], [2]], width=3, depth=2)
     assert (counts.verify_seconds_median, counts.propose_seconds_median) == (2.0, 0.2)
     assert counts.rounds == 8 and counts.new_tokens == 6
-    # per drafted level: every round drafted depth 2 (a depth-1 without-replacement calibration
-    # tree [W, 1] also runs two draft passes), so c is half a round's proposal time
+    # per drafted level: every round drafted depth 2, so c is half a round's proposal time
     assert counts.draft_step_seconds == pytest.approx(0.1)
+    # a depth-1 without-replacement calibration drafts a [W, 1] tree: two draft passes a round,
+    # though one depth is measured (dividing by the measured depth gave 0.2, twice the cost)
+    assert calibrate(Replayed([first, *later]), [[1], [2]], width=3, depth=1).draft_step_seconds == pytest.approx(0.1)
 
 
 def test_rounds_that_could_not_offer_the_whole_depth_or_were_gated_are_not_counted():

@@ -86,6 +86,10 @@ def test_the_cut_round_holds_exactly_the_rows_the_gate_priced():
     # the kept rows keep their structure: parents, masks, where every input node landed
     assert cut.parent.tolist() == [-1, 0] and cut.ancestor_mask.tolist() == [[True, False], [True, True]]
     assert cut.origin == ((0, 1, -2, -2, -2, -2, -2, -2),)
+    # and gate_round returns that cut: depth 2 is the best buy on this profile
+    two_deep = profile([1.0, 1.0, 1.0, 9.0, 9.0])
+    gated, was_cut = gate_round(gate(two_deep, prior_first=0.9, prior_continue=0.9), offered, reads_prompt=False)
+    assert was_cut and gated.token_ids.tolist() == [1, 2]
 
 
 def test_gate_round_leaves_the_prompt_round_an_absent_gate_and_an_uncut_choice_alone():

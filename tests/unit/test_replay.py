@@ -108,3 +108,27 @@ def test_auto_skips_candidates_a_trace_cannot_replay_and_says_why_when_nothing_f
     # exact mode refuses the heuristic verifier for every candidate, plain included: said, not a crash
     with pytest.raises(ValueError, match="no proposer fits"):
         auto_preflight(_replace(typical, generation=_replace(sampling, exact=True)))
+
+
+def test_a_one_token_prompt_reads_nothing_in_round_one_so_the_gate_may_cut_it_as_the_engine_does():
+    from tests.helpers import result_from_paths
+
+    class Fixed:  # proposes [3, 4] after any context
+        name, phase = "fixed", "propose"
+        contract = PromptLookupProposer().contract
+
+        def begin(self, policy, rng):
+            pass
+
+        def observe(self, accepted):
+            pass
+
+        def propose(self, context, manifest_hash, max_depth=None):
+            return result_from_paths([[3, 4][:max_depth]], source="fixed", manifest_hash=manifest_hash,
+                                     contract=self.contract)
+
+    one_token = Trace((1,), (3, 4, 5), first_round_s=2.0, step_s=0.5)
+    steep = CostGateConfig(profile([1.0] + [100.0] * 15))
+    rounds = replay(one_token, Fixed(), max_new_tokens=3, limits=TreeLimits(), context_length=100, gate=steep)
+    # the engine's round 1 has no unread prompt token to read here: it is gated like any other
+    assert rounds[0].gated and rounds[0].nodes == 0

@@ -39,10 +39,12 @@ def _winner(summary: dict) -> str:
     few easy questions must not outrank a full one); with none complete, over what exists, said so."""
     total = summary["workload"]["questions"]
     ran = {n: m for n, m in summary["methods"].items() if m["overall"]["questions"]}
-    complete = {n: m for n, m in ran.items() if m["overall"]["questions"] == total}
+    # complete: every question attempted (an error still counts as attempted: it is reported, not hidden)
+    complete = {n: m for n, m in ran.items() if m["overall"]["questions"] + m["overall"]["errors"] == total}
     pool = complete or ran
     most = max((m["overall"]["questions"] for m in ran.values()), default=0)
     scope = "" if complete else f" (partial run, at most {most} of {total} questions per method: a provisional ranking)"
+    unranked = sorted(set(ran) - set(pool))
     sampled = summary["settings"]["temperature"] != 0.0
     valid = [(m["overall"]["speedup"], name) for name, m in pool.items()
              if m["overall"]["speedup"] is not None and not m.get("plain") and not m.get("heuristic")
@@ -56,8 +58,13 @@ def _winner(summary: dict) -> str:
             lines.append(f"Best {kind} over its own backend's plain decoding: **{name}**, {speedup:.2f}x{scope}.")
         else:
             lines.append(f"No method beat its plain reference (closest: **{name}**, {speedup:.2f}x){scope}.")
+    elif pool:
+        lines.append(f"No speculative method qualifies for the ranking (each has mismatches, no plain reference or a "
+                     f"heuristic verifier){scope}.")
     if fastest:
         lines.append(f"Highest absolute throughput: **{fastest[1]}**, {fastest[0]:.3f} tok/s.")
+    if unranked:
+        lines.append(f"Not ranked (did not attempt all {total} questions): {', '.join(unranked)}.")
     bad = [n for n, m in summary["methods"].items() if m["overall"]["mismatches"]]
     if bad:
         lines.append(f"**Outputs differ from the plain reference** for: {', '.join(bad)} (see Exactness).")
