@@ -43,3 +43,12 @@ class ByteEncoder:
 
     def decode(self, ids):
         return bytes(ids).decode("utf-8", errors="replace")
+
+
+def path_to(round_, row: int) -> list[int]:
+    """The rows from the frontier down to `row`, root first ([] for -1): an accepted path."""
+    rows: list[int] = []
+    while row != -1:
+        rows.insert(0, int(row))
+        row = int(round_.parent[row])
+    return rows

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from draftwise.topology.compile import compile_round
-from tests.helpers import result_from_paths
+from tests.helpers import path_to, result_from_paths
 
 pytestmark = pytest.mark.model
 
@@ -107,11 +107,14 @@ def test_first_round_reads_the_prompt_in_the_verify_forward(smol_target, paths):
 
     backend.reset()
     backend.verify(prompt[-1], round_, unread=prompt[:-1])
-    accepted = []  # the path to the last row: in the tree, the last branch, not a prefix of the row order
-    row = n - 1
-    while row != -1:
-        accepted.insert(0, row)
-        row = int(round_.parent[row])
+    # the path to the last row: in the tree, the last branch, not a prefix of the row order
+    commit_and_probe(backend, prompt, round_, n - 1)
+
+
+def commit_and_probe(backend, prompt, round_, row):
+    """Commit the path to `row` of the provisional `round_`; the next logits must equal a fresh
+    prefill of exactly the prompt and that path."""
+    accepted = path_to(round_, row)
     backend.commit(accepted)
     committed = prompt + [int(round_.token_ids[r]) for r in accepted]
     assert backend.cached_len == len(committed)
@@ -156,18 +159,7 @@ def test_grown_round_rows_and_commit_match_fresh_prefill(smol_target, start):
     backend.extend(prompt[:-1])
     backend.verify(prompt[-1], first)
     backend.verify_more(grown, have)
-    accepted = []  # the path to the last row, a new one, not a prefix of the row order
-    row = grown.n - 1
-    while row != -1:
-        accepted.insert(0, row)
-        row = int(grown.parent[row])
-    backend.commit(accepted)
-    committed = prompt + [int(grown.token_ids[r]) for r in accepted]
-    assert backend.cached_len == len(committed)
-    probe = backend.verify(11, None).logits[0].clone()
-    backend.rollback()
-    want = fresh_logits(backend, committed + [11])
-    assert torch.allclose(probe, want, atol=2e-4, rtol=1e-4), (probe - want).abs().max()
+    commit_and_probe(backend, prompt, grown, grown.n - 1)  # a new row's path, not a prefix of the row order
 
 
 def test_verify_more_refuses_a_round_that_does_not_extend_the_provisional_one(smol_target):

@@ -34,6 +34,7 @@ from draftwise.contracts import ProbabilitySemantics, ProposalNode, ProposalResu
 from draftwise.contracts import SamplingRelation, TopologyKind  # noqa: E402
 from draftwise.models import resolve  # noqa: E402
 from draftwise.topology.compile import TreeLimits, compile_round  # noqa: E402
+from tests.helpers import path_to  # noqa: E402
 
 pytestmark = [pytest.mark.model, pytest.mark.llamacpp]
 
@@ -152,10 +153,7 @@ def test_commit_after_many_random_rounds_matches_fresh_prefill(backend, prompt):
         logits = backend.verify(pending, round_)
         accepted: list[int] = []
         if round_ is not None:
-            row = int(rng.integers(-1, round_.n))  # the deepest accepted row; -1 = none accepted
-            while row != -1:
-                accepted.insert(0, row)
-                row = int(round_.parent[row])
+            accepted = path_to(round_, int(rng.integers(-1, round_.n)))  # to a random row; -1 = none accepted
             if accepted:
                 kinds["leaf" if not round_.children_of(accepted[-1]) else "non_leaf"] += 1
                 kinds["non_prefix"] += accepted != list(range(len(accepted)))
@@ -313,11 +311,7 @@ def test_commit_after_grown_rounds_matches_fresh_prefill(backend, prompt):
         nodes = random_nodes(rng, n, 5, MAX_LEAVES // 2, start=start)
         cuts = sorted({first, int(rng.integers(first, n)) + 1, n})  # one or two verify_more calls
         round_, logits = _grow(backend, pending, nodes, cuts)
-        row = int(rng.integers(-1, round_.n))  # the deepest accepted row; -1 = none accepted
-        accepted = []
-        while row != -1:
-            accepted.insert(0, row)
-            row = int(round_.parent[row])
+        accepted = path_to(round_, int(rng.integers(-1, round_.n)))  # to a random row; -1 = none accepted
         through_new += bool(accepted) and accepted[-1] >= cuts[0]
         bonus = int(np.argmax(logits[accepted[-1] + 1 if accepted else 0]))
         backend.commit(accepted)
