@@ -160,16 +160,24 @@ def test_commit_after_many_random_rounds_matches_fresh_prefill(backend, prompt):
             else:
                 kinds["none"] += 1
         bonus_row = accepted[-1] + 1 if accepted else 0  # logits row after the last accepted token
-        bonus = int(logits.argmax()[bonus_row])
-        backend.commit(accepted)
-        committed += [pending] + [int(round_.token_ids[r]) for r in accepted]
-        pending = bonus
-        assert backend.cached_len == len(committed)
-        _assert_only_sequence_zero(backend)
+        pending = _commit(backend, round_, accepted, committed, pending, int(logits.argmax()[bonus_row]))
     assert all(v > 0 for v in kinds.values()), kinds
+    _assert_next_logits_match_prefill(backend, committed, pending, "next-token logits after 60 rounds")
+
+
+def _commit(backend, round_, accepted, committed, pending, bonus):
+    """Commit `accepted`, extend `committed` in place, check sequence 0 alone holds it; return the new pending token."""
+    backend.commit(accepted)
+    committed += [pending] + [int(round_.token_ids[r]) for r in accepted]
+    assert backend.cached_len == len(committed)
+    _assert_only_sequence_zero(backend)
+    return bonus
+
+
+def _assert_next_logits_match_prefill(backend, committed, pending, what):
     probe = backend.verify(pending, None).logits[0].copy()
     backend.rollback()
-    assert_close(probe, fresh_logits(backend, committed + [pending]), "next-token logits after 60 rounds")
+    assert_close(probe, fresh_logits(backend, committed + [pending]), what)
 
 
 def test_rejected_and_sibling_rows_are_never_published(backend, prompt):
@@ -314,15 +322,9 @@ def test_commit_after_grown_rounds_matches_fresh_prefill(backend, prompt):
         accepted = path_to(round_, int(rng.integers(-1, round_.n)))  # to a random row; -1 = none accepted
         through_new += bool(accepted) and accepted[-1] >= cuts[0]
         bonus = int(np.argmax(logits[accepted[-1] + 1 if accepted else 0]))
-        backend.commit(accepted)
-        committed += [pending] + [int(round_.token_ids[r]) for r in accepted]
-        pending = bonus
-        assert backend.cached_len == len(committed)
-        _assert_only_sequence_zero(backend)
+        pending = _commit(backend, round_, accepted, committed, pending, bonus)
     assert through_new >= 5
-    probe = backend.verify(pending, None).logits[0].copy()
-    backend.rollback()
-    assert_close(probe, fresh_logits(backend, committed + [pending]), "next-token logits after 30 grown rounds")
+    _assert_next_logits_match_prefill(backend, committed, pending, "next-token logits after 30 grown rounds")
 
 
 def test_verify_more_refuses_what_does_not_extend_the_round(backend, prompt):
