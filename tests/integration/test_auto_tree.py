@@ -79,3 +79,23 @@ def test_a_gate_profile_is_used_only_for_the_target_it_measured(tmp_path):
     assert config.profile.relative == pytest.approx((1.0, 3.0))
     with pytest.raises(ValueError, match="some-other-model"):
         gate_config(DecoderSpec(gate=str(tmp_path / "other")), target, GenerationConfig())
+
+
+def test_a_transformers_target_keys_its_measured_artifacts_by_its_thread_count(tmp_path):
+    import torch
+
+    from draftwise.optimize.auto import auto_gate_profile
+
+    target = tiny_backend(0)
+    before = torch.get_num_threads()
+    assert target.n_threads == before
+    first = auto_gate_profile(target, 3, tmp_path, CONFIG)
+    assert first.threads == before
+    try:
+        torch.set_num_threads(1 if before != 1 else 2)  # another thread count: another cost profile
+        messages: list[str] = []
+        other = auto_gate_profile(target, 3, tmp_path, CONFIG, progress=messages.append)
+    finally:
+        torch.set_num_threads(before)
+    assert any("measuring" in m for m in messages) and other.threads != first.threads
+    assert len(list(tmp_path.glob("gate/*/rows-3"))) == 2

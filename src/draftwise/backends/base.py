@@ -53,6 +53,10 @@ class Backend(Protocol):
     @property
     def cached_len(self) -> int: ...
 
+    @property
+    def n_threads(self) -> int:
+        """CPU threads the forward passes run on; part of every measured artifact's key."""
+
     def reset(self) -> None:
         """Drop every KV row."""
 

@@ -86,6 +86,11 @@ class TransformersBackend:
     def cached_len(self) -> int:
         return self._committed
 
+    @property
+    def n_threads(self) -> int:
+        # torch's intra-op pool is per process (load_backend sets it from --threads), so read it live.
+        return torch.get_num_threads()
+
     def reset(self) -> None:
         from transformers import DynamicCache
 
