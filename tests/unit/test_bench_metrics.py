@@ -173,7 +173,10 @@ def test_the_summary_takes_each_familys_reference_from_the_methods_that_answered
 def test_a_resumed_run_keeps_the_environments_of_earlier_sessions_that_differ(tmp_path):
     import json
 
-    from draftwise.bench.main import earlier_environments
+    from draftwise.bench.main import earlier_distinct
+
+    def earlier_environments(out, current):
+        return earlier_distinct(out, "environment", "earlier_environments", current)
 
     first, second = {"machine": {"cpu": "A"}, "threads": 2}, {"machine": {"cpu": "B"}, "threads": 2}
     assert earlier_environments(tmp_path, first) == []  # no earlier session
@@ -193,3 +196,33 @@ def test_rest_answers_from_before_the_retrieval_phase_book_their_proposal_time_a
     assert _retrieval_split(new) == new
     m = method_metrics([_retrieval_split(old), new], None, check_exact=True)
     assert m.time_split_ms["retrieval"] == pytest.approx((0.2 + 0.3) / 4 * 1e3)
+
+
+def test_failures_stay_out_of_the_spec_bench_answer_file_and_are_not_retried(tmp_path):
+    import json
+
+    from draftwise.bench.store import ResultStore
+
+    store = ResultStore(tmp_path)
+    store.open({"seed": 0}, resume=False)
+    store.append(answer("a", "x", turn([1, 2], 0.5)), "model")
+    store.append(Answer("m", "b", "x", (), (), error="ContextOverflow: too long"), "model")
+    lines = [json.loads(line) for line in store.path("m").read_text().splitlines()]
+    assert [row["question_id"] for row in lines] == ["a"]  # every line a real answer: Spec-Bench's scripts divide by it
+    assert all(sum(row["choices"][0]["new_tokens"]) > 0 for row in lines)
+    loaded = store.load("m")
+    assert sorted(loaded) == ["a", "b"] and loaded["b"].error == "ContextOverflow: too long"  # resume skips both
+
+    store.append(answer("b", "x", turn([3], 0.25)), "model")  # answered later (e.g. the failure file kept by hand)
+    assert store.load("m")["b"].error is None
+
+
+def test_a_resumed_run_keeps_earlier_gate_profiles_that_differ(tmp_path):
+    import json
+
+    from draftwise.bench.main import earlier_distinct
+
+    before, now = {"gated": {"rows": [1, 2], "relative": [1.0, 1.4]}}, {"gated": {"rows": [1, 2], "relative": [1.0, 1.9]}}
+    (tmp_path / "session.json").write_text(json.dumps({"gate_profiles": before}))
+    assert earlier_distinct(tmp_path, "gate_profiles", "earlier_gate_profiles", before) == []
+    assert earlier_distinct(tmp_path, "gate_profiles", "earlier_gate_profiles", now) == [before]

@@ -1,9 +1,11 @@
 """End to end on the embedded model (transformers backend): a run interrupted after the first
 prompt resumes without redoing it, and the summary covers both prompts with no mismatches."""
 
+import io
 import json
 
 import pytest
+from rich.console import Console
 
 import draftwise.bench.runner as runner
 from draftwise.bench.main import run_bench
@@ -73,3 +75,26 @@ def test_interrupted_run_resumes_without_redoing(tmp_path, pool, monkeypatch):
     changed = BenchSettings(**{**settings(prompts).__dict__, "max_new_tokens": 9})
     with pytest.raises(StoreError, match="max_new_tokens"):
         run_bench(changed, out, resume=True, show_progress=False, pool=pool)
+
+
+def test_a_gated_method_records_the_cost_profile_its_gate_decided_by_and_a_log_gets_progress_lines(tmp_path, pool):
+    from draftwise.models import resolve
+    from draftwise.optimize.hardware import VerifyCostProfile
+
+    profile_dir = tmp_path / "profile"
+    VerifyCostProfile.from_absolute([1, 2, 4, 8], [0.01, 0.012, 0.015, 0.03], model=resolve("smollm2-135m").checkpoint_id,
+                                    backend="transformers", threads=1, machine="test").save(profile_dir)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Count from one to ten.\n")
+    gated = BenchSettings(workloads=(f"prompts:{prompts}",),
+                          methods=("plain=dw:proposer=none,backend=transformers",
+                                   f"gated=dw:proposer=prompt-lookup,backend=transformers,gate={profile_dir}"),
+                          target="smollm2-135m", max_new_tokens=8, threads=1, warmup_tokens=2)
+    log = io.StringIO()  # not a terminal: progress comes as one line per generation, not as a bar
+    summary = run_bench(gated, tmp_path / "run", console=Console(file=log, width=200), pool=pool)
+    assert "bench 1/2: plain answered prompts-1" in log.getvalue()
+    assert "bench 2/2: gated answered prompts-1" in log.getvalue()
+    recorded = json.loads((tmp_path / "run" / "session.json").read_text())["gate_profiles"]
+    assert list(recorded) == ["gated"]  # plain decoding has no gate
+    assert recorded["gated"]["rows"] == [1, 2, 4, 8] and recorded["gated"]["relative"] == [1.0, 1.2, 1.5, 3.0]
+    assert summary["gate_profiles"] == recorded and summary["earlier_gate_profiles"] == []

@@ -51,6 +51,18 @@ class DraftwiseExecutor:
                                                   progress=lambda message: print(message, file=sys.stderr))
         return self._decoders[limit]
 
+    def gate_profile(self) -> dict | None:
+        """The verify-cost profile the cost gate decides by (None without a gate or before any
+        decoder exists): the gate's choices follow it, so a run records which one it used."""
+        for decoder in self._decoders.values():
+            gate = decoder.config.gate
+            if gate is not None:
+                profile = gate.profile
+                return {"rows": list(profile.rows), "relative": [round(r, 4) for r in profile.relative],
+                        "absolute_s": None if profile.absolute_s is None else [round(a, 5) for a in profile.absolute_s],
+                        "machine": profile.machine, "threads": profile.threads}
+        return None
+
     def run(self, prompt: Sequence[int], max_new_tokens: int | None = None) -> TurnOutput:
         decoder = self._decoder(max_new_tokens)
         clock = EmitClock()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
@@ -46,34 +47,46 @@ def run_bench(settings: BenchSettings, out: Path, resume: bool = False, console:
         console.print(f"[yellow]skipped[/] {name}: {reason}")
     models = {m.target for m in plan.methods} | {m.draft for m in plan.methods if m.draft}
     env = environment(settings.threads, models)
-    earlier = earlier_environments(out, env) if resume else []
+    earlier = earlier_distinct(out, "environment", "earlier_environments", env) if resume else []
+    earlier_gates = (earlier_distinct(out, "gate_profiles", "earlier_gate_profiles", session.gate_profiles)
+                     if resume else [])
 
     def record_session() -> None:
         store.write_json("session.json", {**asdict(session), "peak_rss_mb": round(peak_rss_mb(), 1), "environment": env,
-                                          "earlier_environments": earlier})
+                                          "earlier_environments": earlier, "earlier_gate_profiles": earlier_gates})
 
     record_session()  # before the timed part too: a run stopped midway still says where it ran
     total = pending_generations(plan, executors, store)
     columns = (TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+    started = time.perf_counter()
     with Progress(*columns, console=console, disable=not show_progress) as progress:
         task = progress.add_task("bench", total=total)
-        run_questions(plan, executors, store, lambda: progress.advance(task))
+
+        def advance(method: str, question_id: str) -> None:
+            progress.advance(task)
+            if show_progress and not console.is_terminal:  # a log file gets one line per generation instead of a bar
+                done = int(progress.tasks[0].completed)
+                console.print(f"bench {done}/{total}: {method} answered {question_id} "
+                              f"({(time.perf_counter() - started) / 60:.1f} min)", highlight=False)
+
+        run_questions(plan, executors, store, advance)
     record_session()
     return finish(out)
 
 
-def earlier_environments(out: Path, current: dict) -> list[dict]:
-    """The environments of the sessions before this one that differ from it: a resumed run
-    whose answers were measured on other machines, libraries or models says so."""
+def earlier_distinct(out: Path, key: str, earlier_key: str, current: object) -> list:
+    """What the sessions before this one recorded under `key` (their environment, their gates'
+    cost profiles) where it differs from this session's: a resumed run whose answers were
+    measured on other machines, libraries, models or gate profiles says so."""
     path = out / "session.json"
     if not path.is_file():
         return []
     previous = json.loads(path.read_text())
-    found = [*previous.get("earlier_environments", []), previous.get("environment")]
-    distinct: list[dict] = []
-    for env in found:
-        if env and env != current and env not in distinct:
-            distinct.append(env)
+    found = [*previous.get(earlier_key, []), previous.get(key)]
+    distinct: list = []
+    for value in found:
+        if value and value != current and value not in distinct:
+            distinct.append(value)
     return distinct
 
 

@@ -88,6 +88,9 @@ def _overview(summary: dict) -> list[str]:
         *([f"**Resumed across environments**: {len(summary['earlier_environments'])} earlier session(s) ran in another "
            "environment (machine, threads, libraries or model files; see summary.json), so answers from different "
            "sessions were not measured side by side."] if summary.get("earlier_environments") else []),
+        *([f"**Gate profiles re-measured**: {len(summary['earlier_gate_profiles'])} earlier session(s) gated by "
+           "other verify-cost profiles t(n) (see summary.json): the gated methods' rounds were not all decided by "
+           "the same costs."] if summary.get("earlier_gate_profiles") else []),
         "",
         "## Result", "", _winner(summary), "",
     ]

@@ -86,6 +86,7 @@ class Session:
     skipped: dict[str, str] = field(default_factory=dict)  # method -> reason
     rss_after_load_mb: dict[str, float] = field(default_factory=dict)
     checkpoints: dict[str, dict] = field(default_factory=dict)  # method -> backend identity
+    gate_profiles: dict[str, dict] = field(default_factory=dict)  # gated method -> the t(n) its gate used
 
 
 def peak_rss_mb() -> float:
@@ -117,6 +118,10 @@ def warm_up(executors: dict[str, Executor], question: Question, tokens: int, ses
         except GENERATION_ERRORS as exc:
             session.skipped[name] = f"warm-up failed: {exc.__class__.__name__}: {exc}"
             del executors[name]
+            continue
+        profile = getattr(executor, "gate_profile", lambda: None)()  # peers have no gate
+        if profile is not None:
+            session.gate_profiles[name] = profile
 
 
 def answer_question(executor: Executor, question: Question) -> list[TurnOutput]:
@@ -138,7 +143,8 @@ def median_answer(method: str, question: Question, repeats: list[list[TurnOutput
 
 
 def run_questions(plan: BenchPlan, executors: dict[str, Executor], store: ResultStore,
-                  advance: Callable[[], None]) -> None:
+                  advance: Callable[[str, str], None]) -> None:
+    """`advance(method, question_id)` after every generation (all turns of one repeat)."""
     done = {name: set(store.load(name)) for name in executors}
     names = list(executors)
     for index, question in enumerate(plan.workload.questions):
@@ -153,7 +159,7 @@ def run_questions(plan: BenchPlan, executors: dict[str, Executor], store: Result
                         runs[name].append(answer_question(executors[name], question))
                     except GENERATION_ERRORS as exc:
                         failed[name] = f"{exc.__class__.__name__}: {exc}"
-                advance()
+                advance(name, question.question_id)
         for name in order:
             model_id = executors[name].method.describe()
             answer = error_answer(name, question, failed[name]) if name in failed else median_answer(name, question, runs[name])

@@ -4,6 +4,9 @@ Layout of --out DIR:
     run.json                 the settings; `--resume` refuses to continue under different ones
     answers/METHOD.jsonl     one line per finished question (Spec-Bench's answer format, plus a
                              "draftwise" object with token ids and per-round data for the metrics)
+    failures/METHOD.jsonl    one line per question the method failed (same format, no turns, the
+                             reason in "draftwise"."error"): kept out of answers/ so that Spec-Bench's
+                             own scripts read only real answers; resume does not retry them
     session.json             the latest session: skipped methods and why, memory, environment
     summary.json, report.md, *.png
 
@@ -90,6 +93,7 @@ class ResultStore:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.answers_dir = root / "answers"
+        self.failures_dir = root / "failures"
 
     def open(self, settings: dict, resume: bool) -> None:
         """Create the directory, or check that a resumed one was made with the same settings."""
@@ -107,8 +111,16 @@ class ResultStore:
     def path(self, method: str) -> Path:
         return self.answers_dir / f"{method}.jsonl"
 
+    def failure_path(self, method: str) -> Path:
+        return self.failures_dir / f"{method}.jsonl"
+
     def load(self, method: str) -> dict[str, Answer]:
-        path = self.path(method)
+        """Finished and failed questions of `method` by question_id (an answer outranks a failure)."""
+        failed = self._read(self.failure_path(method))
+        return {**failed, **self._read(self.path(method))}
+
+    @staticmethod
+    def _read(path: Path) -> dict[str, Answer]:
         answers: dict[str, Answer] = {}
         if not path.is_file():
             return answers
@@ -125,7 +137,9 @@ class ResultStore:
         return answers
 
     def append(self, answer: Answer, model_id: str) -> None:
-        with open(self.path(answer.method), "a", encoding="utf-8") as handle:
+        path = self.failure_path(answer.method) if answer.error else self.path(answer.method)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(answer_line(answer, model_id)) + "\n")
             handle.flush()
 

@@ -72,6 +72,8 @@ def build_summary(root: Path) -> dict:
         "earlier_environments": session.get("earlier_environments", []),  # resumed from other machines or libraries
         "peak_rss_mb": session.get("peak_rss_mb"),
         "checkpoints": session.get("checkpoints", {}),
+        "gate_profiles": session.get("gate_profiles", {}),  # the t(n) each gated method decided by
+        "earlier_gate_profiles": session.get("earlier_gate_profiles", []),  # earlier sessions' differing ones
     }
 
 
