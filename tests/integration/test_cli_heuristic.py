@@ -10,7 +10,8 @@ from draftwise.cli import app
 
 pytestmark = pytest.mark.model
 HEURISTIC = ["generate", "def fib(n):", "--backend", "transformers", "--proposer", "prompt-lookup",
-             "--verifier", "typical", "--allow-heuristic", "--temperature", "1", "--max-new-tokens", "4"]
+             "--lookup-candidates", "2", "--verifier", "typical", "--allow-heuristic", "--temperature", "1",
+             "--max-new-tokens", "4"]
 
 
 def test_a_heuristic_run_says_so_before_its_text_and_in_its_json():
