@@ -106,7 +106,8 @@ def draft_leaves_needed(spec: DecoderSpec) -> int:
         return 0
     deepest = max(map(len, template), default=0)
     above = {path for path in template if len(path) < deepest}
-    leaves = sum(not any(other[:-1] == path for other in above) for path in above)
+    parents = {path[:-1] for path in above}
+    leaves = sum(path not in parents for path in above)
     return max(DRAFT_LEAVES_FLOOR, leaves)
 
 

@@ -31,6 +31,9 @@ class Executor(Protocol):
 
     def run(self, prompt: Sequence[int], max_new_tokens: int | None = None) -> TurnOutput: ...
 
+    def gate_profile(self) -> dict | None:
+        """The verify-cost profile a cost gate decides by; None without a gate."""
+
 
 class DraftwiseExecutor:
     def __init__(self, method: MethodSpec, target: Backend, draft: Backend | None) -> None:

@@ -74,6 +74,9 @@ class HfExecutor:
             kwargs["prompt_lookup_num_tokens"] = self.method.lookup_tokens
         return kwargs
 
+    def gate_profile(self) -> None:  # peers have no cost gate
+        return None
+
     def run(self, prompt: Sequence[int], max_new_tokens: int | None = None) -> TurnOutput:
         kwargs = self._kwargs(max_new_tokens or self.generation.max_new_tokens)
         model = self.target.model
@@ -104,6 +107,9 @@ class LlamaCppExecutor:
 
     def chat_prompt(self, messages: Sequence[dict]) -> list[int]:
         return self.tokenizer.chat_prompt(messages)
+
+    def gate_profile(self) -> None:  # peers have no cost gate
+        return None
 
     def run(self, prompt: Sequence[int], max_new_tokens: int | None = None) -> TurnOutput:
         limit = max_new_tokens or self.generation.max_new_tokens

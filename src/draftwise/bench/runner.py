@@ -119,7 +119,7 @@ def warm_up(executors: dict[str, Executor], question: Question, tokens: int, ses
             session.skipped[name] = f"warm-up failed: {exc.__class__.__name__}: {exc}"
             del executors[name]
             continue
-        profile = getattr(executor, "gate_profile", lambda: None)()  # peers have no gate
+        profile = executor.gate_profile()
         if profile is not None:
             session.gate_profiles[name] = profile
 
