@@ -88,23 +88,21 @@ def manifest_kind(directory: Path) -> str | None:
     return str(body.get("kind")) if isinstance(body, dict) else UNREADABLE
 
 
-def holds_kind(directory: Path, kind: str) -> bool:
-    """Whether `directory` holds an artifact of `kind` (read, not verified)."""
-    return manifest_kind(directory) == kind
-
-
 @contextmanager
-def staged_artifact(directory: Path, kind: str) -> Iterator[Path]:
+def staged_artifact(directory: Path, kind: str, also_replaces: tuple[str, ...] = ()) -> Iterator[Path]:
     """Yield a fresh staging directory beside `directory` to write an artifact of `kind` into,
     and move it into place only once the body has finished: an error leaves no half-written
     artifact, and the old artifact is set aside (not deleted) until the new one is in place.
     An existing `directory` is replaced only when it is empty or holds an artifact of the same
     kind (an --out that names an input artifact, or a working tree, is refused before anything
-    is written); a symbolic link is refused rather than followed."""
+    is written), or of a kind in `also_replaces` (e.g. UNREADABLE: a corrupt copy of the same
+    artifact); a symbolic link is refused rather than followed. The staging name is unique, so a
+    user's directory that happens to share it is never touched."""
     directory = Path(directory)
     if directory.is_symlink():
         raise ArtifactError(f"{directory} is a symbolic link; give the artifact's real directory")
-    if directory.exists() and not (directory.is_dir() and (holds_kind(directory, kind) or not any(directory.iterdir()))):
+    replaceable = (kind, *also_replaces)
+    if directory.exists() and not (directory.is_dir() and (manifest_kind(directory) in replaceable or not any(directory.iterdir()))):
         raise ArtifactError(f"{directory} exists and is not a {kind!r} artifact; refusing to write over it")
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f"{directory.name}.partial-", dir=directory.parent))

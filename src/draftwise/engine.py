@@ -92,8 +92,24 @@ class _Emitter:
         return count
 
     def _stop_string_seen(self) -> bool:
-        text = self.detokenize(self.tokens)
-        return any(s in text for s in self.stop_strings)
+        """Whether the text now holds a stop string.  Earlier checks saw everything but the tail the
+        newest token changed (its own text, and up to 3 characters before it that a split UTF-8
+        character completes), so only a window of trailing tokens is decoded: one whose text
+        reaches the longest stop string back past that tail.  Zero-width tokens (specials) are
+        covered by doubling the window until its text is long enough; this keeps each check
+        O(window) rather than O(tokens so far), which made long generations quadratic."""
+        longest = max(len(s) for s in self.stop_strings)
+        newest = len(self.detokenize(self.tokens[-1:]))
+        # + 4: a decoded window may open with up to 3 replacement characters (a split UTF-8
+        # character) or lose one leading space (SentencePiece), neither of which is in the text
+        needed = longest + newest + 4
+        window = needed
+        while True:
+            start = max(0, len(self.tokens) - window)
+            text = self.detokenize(self.tokens[start:])
+            if start == 0 or len(text) >= needed:
+                return any(s in text for s in self.stop_strings)
+            window *= 2
 
 
 class SpeculativeDecoder:
@@ -181,8 +197,7 @@ class SpeculativeDecoder:
         for proposer in self.proposers if asked else ():
             results.append(proposer.propose(context, self.manifest.hash, max_depth=limits.max_depth))
             lap, clock = _lap(clock)
-            phase = getattr(proposer, "phase", "propose")  # a proposer written before the ledger named phases
-            seconds[phase] = seconds.get(phase, 0.0) + lap
+            seconds[proposer.phase] = seconds.get(proposer.phase, 0.0) + lap
         for proposer, result in zip(self.proposers, results):
             self.manifest.check(result)
             if result.contract != proposer.contract:  # the verifier was bound to the declared one

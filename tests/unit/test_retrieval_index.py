@@ -84,7 +84,7 @@ def test_empty_corpus_is_an_error(tmp_path):
     (tmp_path / "tree" / "notes.txt").write_text("not python")
     with pytest.raises(CorpusError, match="empty index"):
         build_index([resolve_source(str(tmp_path / "tree"))], ByteEncoder(), tmp_path / "c", progress=False)
-    assert not (tmp_path / "c").exists() and not (tmp_path / "c.partial").exists()
+    assert not list(tmp_path.glob("c*"))  # neither the index nor a staging directory is left
     with pytest.raises(CorpusError):
         build_index([], ByteEncoder(), tmp_path / "d", progress=False)
 
@@ -96,6 +96,25 @@ def test_out_of_vocabulary_ids_and_existing_output_are_refused(fixture_index, tm
         build_from_token_documents([[1]], fixture_index, vocab_size=12, tokenizer_hash="h")
     build_from_token_documents([[1, 2]], fixture_index, vocab_size=12, tokenizer_hash="h", overwrite=True)
     assert RestIndex.open(fixture_index).arrays.tokens.tolist() == [1, 2, 12]
+
+
+def test_rebuild_replaces_a_corrupt_index_but_not_a_foreign_directory(fixture_index, tmp_path):
+    (fixture_index / "manifest.json").write_text("{ truncated")  # an interrupted or damaged copy
+    build_from_token_documents([[3]], fixture_index, vocab_size=12, tokenizer_hash="h", overwrite=True)
+    assert RestIndex.open(fixture_index).arrays.tokens.tolist() == [3, 12]
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("mine")
+    with pytest.raises(RestIndexError, match="not an index"):
+        build_from_token_documents([[3]], work, vocab_size=12, tokenizer_hash="h", overwrite=True)
+    assert (work / "notes.txt").read_text() == "mine"
+    # a user's directory that shares the name an earlier version staged into is never cleared
+    lookalike = tmp_path / "fresh.partial"
+    lookalike.mkdir()
+    (lookalike / "keep.txt").write_text("mine")
+    build_from_token_documents([[4]], tmp_path / "fresh", vocab_size=12, tokenizer_hash="h")
+    assert (lookalike / "keep.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.glob("fresh*")) == ["fresh", "fresh.partial"]
 
 
 def test_readers_for_every_corpus_kind(tmp_path):

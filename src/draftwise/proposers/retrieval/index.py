@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import importlib.metadata
 import mmap
-import shutil
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from draftwise.artifacts import UNREADABLE, ArtifactError, Manifest, manifest_kind, read_manifest, write_manifest
+from draftwise.artifacts import (UNREADABLE, ArtifactError, Manifest, manifest_kind, read_manifest, staged_artifact,
+                                 write_manifest)
 from draftwise.proposers.retrieval.corpus import CorpusError, CorpusSource, Document, Encoder, read_documents
 from draftwise.proposers.retrieval.exclusion import NgramFilter
 from draftwise.proposers.retrieval.query import MATCH_SELECTION, QueryConfig, SuffixArrays
@@ -130,8 +131,8 @@ def build_index(
     snapshots = [s.snapshot() for s in sources]  # before reading: what the build claims it read
     total_bytes = sum(s["bytes"] for s in snapshots)
     started = time.perf_counter()
-    with _Staging(Path(out), overwrite) as staging:
-        writer = _StreamWriter(staging.path / TOKENS_FILE, encoder.vocab_size)
+    with _staging(Path(out), overwrite) as staging:
+        writer = _StreamWriter(staging / TOKENS_FILE, encoder.vocab_size)
         counts = {s.spec: _SourceCount() for s in sources}
         with _maybe_progress(progress) as bar:
             task = bar.add_task("tokenizing", total=total_bytes) if bar else None
@@ -147,7 +148,7 @@ def build_index(
                     warnings.warn(message, stacklevel=2)
         writer.close()
         tokenized = time.perf_counter()
-        report = _finish(staging.path, writer, _provenance(encoder, sources, snapshots, counts, exclusion, config),
+        report = _finish(staging, writer, _provenance(encoder, sources, snapshots, counts, exclusion, config),
                          progress)
     return _report(Path(out), report, started, tokenized)
 
@@ -162,8 +163,8 @@ def build_from_token_documents(
 ) -> BuildReport:
     """Index pre-tokenized documents (tests, or callers with their own tokenization)."""
     started = time.perf_counter()
-    with _Staging(Path(out), overwrite) as staging:
-        writer = _StreamWriter(staging.path / TOKENS_FILE, vocab_size)
+    with _staging(Path(out), overwrite) as staging:
+        writer = _StreamWriter(staging / TOKENS_FILE, vocab_size)
         count = _SourceCount()
         for ids in documents:
             array = np.asarray(ids, dtype=np.int64)
@@ -174,7 +175,7 @@ def build_from_token_documents(
         tokenized = time.perf_counter()
         tokenizer = {"name": "pre-tokenized", "hash": tokenizer_hash, "vocab_size": vocab_size}
         provenance = _common_provenance(tokenizer, [{"spec": "token-documents", **asdict(count)}], None, config)
-        report = _finish(staging.path, writer, provenance, progress=False)
+        report = _finish(staging, writer, provenance, progress=False)
     return _report(Path(out), report, started, tokenized)
 
 
@@ -290,31 +291,17 @@ class _maybe_progress:
             self._bar.__exit__(*exc)
 
 
-class _Staging:
-    """Build into `<out>.partial`, move into place only when complete: no half-written index."""
-
-    def __init__(self, out: Path, overwrite: bool) -> None:
-        self.out = out
-        self.path = out.with_name(out.name + ".partial")
-        if out.exists() and not overwrite:
-            raise RestIndexError(f"{out} already exists; pass overwrite (CLI: --force) to replace it")
-        # replaced: an index, an empty directory, or a corrupt artifact (a manifest that no longer parses)
-        if out.exists() and not (out.is_dir() and (manifest_kind(out) in (KIND, UNREADABLE) or not any(out.iterdir()))):
-            raise RestIndexError(f"{out} exists and is not an index; refusing to replace it")
-
-    def __enter__(self) -> "_Staging":
-        if self.path.exists():
-            shutil.rmtree(self.path)  # a leftover from an interrupted build of this same index
-        self.path.mkdir(parents=True)
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            shutil.rmtree(self.path, ignore_errors=True)
-            return
-        if self.out.exists():
-            shutil.rmtree(self.out)
-        self.path.rename(self.out)
+@contextmanager
+def _staging(out: Path, overwrite: bool) -> Iterator[Path]:
+    """REST's replacement rules (an existing index only with `overwrite`; a corrupt one too, since a
+    manifest that no longer parses is most likely an interrupted or damaged copy of this index),
+    then artifacts.staged_artifact: build beside `out`, move into place only when complete."""
+    if out.exists() and not overwrite:
+        raise RestIndexError(f"{out} already exists; pass overwrite (CLI: --force) to replace it")
+    if out.exists() and not (out.is_dir() and (manifest_kind(out) in (KIND, UNREADABLE) or not any(out.iterdir()))):
+        raise RestIndexError(f"{out} exists and is not an index; refusing to replace it")
+    with staged_artifact(out, KIND, also_replaces=(UNREADABLE,)) as path:
+        yield path
 
 
 # ---- loading -------------------------------------------------------------------------------
