@@ -105,7 +105,7 @@ def test_rebuild_replaces_a_corrupt_index_but_not_a_foreign_directory(fixture_in
     work = tmp_path / "work"
     work.mkdir()
     (work / "notes.txt").write_text("mine")
-    with pytest.raises(RestIndexError, match="not an index"):
+    with pytest.raises(ArtifactError, match="is not a 'rest_index' artifact; refusing"):
         build_from_token_documents([[3]], work, vocab_size=12, tokenizer_hash="h", overwrite=True)
     assert (work / "notes.txt").read_text() == "mine"
     # a user's directory that shares the name an earlier version staged into is never cleared

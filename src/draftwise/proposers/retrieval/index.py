@@ -29,8 +29,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from draftwise.artifacts import (UNREADABLE, ArtifactError, Manifest, manifest_kind, read_manifest, staged_artifact,
-                                 write_manifest)
+from draftwise.artifacts import UNREADABLE, ArtifactError, Manifest, read_manifest, staged_artifact, write_manifest
 from draftwise.proposers.retrieval.corpus import CorpusError, CorpusSource, Document, Encoder, read_documents
 from draftwise.proposers.retrieval.exclusion import NgramFilter
 from draftwise.proposers.retrieval.query import MATCH_SELECTION, QueryConfig, SuffixArrays
@@ -293,13 +292,12 @@ class _maybe_progress:
 
 @contextmanager
 def _staging(out: Path, overwrite: bool) -> Iterator[Path]:
-    """REST's replacement rules (an existing index only with `overwrite`; a corrupt one too, since a
-    manifest that no longer parses is most likely an interrupted or damaged copy of this index),
-    then artifacts.staged_artifact: build beside `out`, move into place only when complete."""
+    """An existing index is replaced only with `overwrite`; then artifacts.staged_artifact builds
+    beside `out` and moves it into place only when complete.  Besides an index or an empty
+    directory it also replaces a corrupt one (a manifest that no longer parses is most likely
+    an interrupted or damaged copy of this index) and refuses anything else."""
     if out.exists() and not overwrite:
         raise RestIndexError(f"{out} already exists; pass overwrite (CLI: --force) to replace it")
-    if out.exists() and not (out.is_dir() and (manifest_kind(out) in (KIND, UNREADABLE) or not any(out.iterdir()))):
-        raise RestIndexError(f"{out} exists and is not an index; refusing to replace it")
     with staged_artifact(out, KIND, also_replaces=(UNREADABLE,)) as path:
         yield path
 
