@@ -98,3 +98,40 @@ def test_a_gated_method_records_the_cost_profile_its_gate_decided_by_and_a_log_g
     assert list(recorded) == ["gated"]  # plain decoding has no gate
     assert recorded["gated"]["rows"] == [1, 2, 4, 8] and recorded["gated"]["relative"] == [1.0, 1.2, 1.5, 3.0]
     assert summary["gate_profiles"] == recorded and summary["earlier_gate_profiles"] == []
+
+
+def test_a_failed_question_is_kept_out_of_answers_and_runs_again_only_when_retried(tmp_path, pool, monkeypatch):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Count from one to ten.\nList three colours.\n")
+    out = tmp_path / "run"
+    real = runner.answer_question
+    asked: list[tuple[str, str]] = []
+
+    def pl_fails_on_first(executor, question):
+        asked.append((executor.method.name, question.question_id))
+        if executor.method.name == "pl" and question.question_id.endswith("-1"):
+            raise RuntimeError("planted backend failure")
+        return real(executor, question)
+
+    monkeypatch.setattr(runner, "answer_question", pl_fails_on_first)
+    summary = run_bench(settings(prompts), out, show_progress=False, pool=pool)
+    assert summary["methods"]["pl"]["overall"]["errors"] == 1
+    failure = json.loads((out / "failures" / "pl.jsonl").read_text())
+    assert failure["question_id"] == "prompts-1" and "planted backend failure" in failure["draftwise"]["error"]
+    assert (out / "answers" / "pl.jsonl").read_text().count("\n") == 1  # only the question it answered
+
+    asked.clear()
+    run_bench(settings(prompts), out, resume=True, show_progress=False, pool=pool)
+    assert asked == []  # a plain resume does not retry a failure
+
+    with pytest.raises(StoreError, match="--resume"):
+        run_bench(settings(prompts), out, show_progress=False, pool=pool, retry_failures=True)
+
+    monkeypatch.setattr(runner, "answer_question", lambda e, q: asked.append((e.method.name, q.question_id)) or real(e, q))
+    summary = run_bench(settings(prompts), out, resume=True, show_progress=False, pool=pool, retry_failures=True)
+    assert asked == [("pl", "prompts-1")]  # only the failed pair ran again
+    assert summary["methods"]["pl"]["overall"]["errors"] == 0
+    assert summary["methods"]["pl"]["overall"]["questions"] == 2 and summary["methods"]["pl"]["overall"]["mismatches"] == 0
+    assert not (out / "failures" / "pl.jsonl").exists()
+    (aside,) = (out / "failures").glob("retried-*/pl.jsonl")  # the record of the failure is kept
+    assert json.loads(aside.read_text())["question_id"] == "prompts-1"

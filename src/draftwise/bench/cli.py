@@ -52,6 +52,8 @@ def run(
     threads: Optional[int] = typer.Option(None, help="CPU threads for every backend (default: all cores)."),
     warmup_tokens: int = typer.Option(8, help="New tokens of each method's warm-up generation."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out from its saved answers."),
+    retry_failures: bool = typer.Option(False, "--retry-failures",
+                                        help="With --resume: run again the questions a method failed on."),
     summarize_only: bool = typer.Option(False, "--summarize", help="Only rebuild summary, plots and report of --out."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ) -> None:
@@ -73,7 +75,8 @@ def run(
         settings = BenchSettings(workloads=tuple(workload), methods=tuple(method), target=target, draft=draft,
                                  max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, repeats=repeats,
                                  threads=threads or default_threads(), warmup_tokens=warmup_tokens)
-        summary = run_bench(settings, out, resume=resume, console=err, show_progress=not quiet)
+        summary = run_bench(settings, out, resume=resume, console=err, show_progress=not quiet,
+                            retry_failures=retry_failures)
     except (WorkloadError, MethodError, StoreError, ValueError) as exc:
         _fail(str(exc))
         return

@@ -25,18 +25,23 @@ from draftwise.bench.runner import (
     run_questions,
     warm_up,
 )
-from draftwise.bench.store import ResultStore
+from draftwise.bench.store import ResultStore, StoreError
 from draftwise.bench.summary import write_summary
 
 
 def run_bench(settings: BenchSettings, out: Path, resume: bool = False, console: Console | None = None,
-              show_progress: bool = True, pool: ModelPool | None = None) -> dict:
-    """`pool` lets a caller that runs several benchmarks (tests, notebooks) load each model once."""
+              show_progress: bool = True, pool: ModelPool | None = None, retry_failures: bool = False) -> dict:
+    """`pool` lets a caller that runs several benchmarks (tests, notebooks) load each model once.
+    `retry_failures` (with `resume`) runs the questions a method failed on again."""
     console = console or Console(stderr=True)
     say: Callable[[str], None] = lambda message: console.print(f"[dim]{message}[/]")  # noqa: E731
+    if retry_failures and not resume:
+        raise StoreError("--retry-failures continues an earlier run: pass --resume as well")
     plan = make_plan(settings)  # every config error surfaces before a model is loaded
     store = ResultStore(out)
     store.open(settings.as_dict(), resume)
+    if retry_failures and (aside := store.set_failures_aside()) is not None:
+        say(f"retrying failed questions; their failure lines are kept in {aside}")
     session = Session()
     pool = pool or ModelPool(settings.threads, settings.seed, progress=say)
     executors = prepare_all(plan, pool, session)

@@ -7,6 +7,8 @@ Layout of --out DIR:
     failures/METHOD.jsonl    one line per question the method failed (same format, no turns, the
                              reason in "draftwise"."error"): kept out of answers/ so that Spec-Bench's
                              own scripts read only real answers; resume does not retry them
+                             unless asked to (`--retry-failures`), which moves them aside first
+    failures/retried-STAMP/  failure lines set aside by a retry, kept as the record of what failed
     session.json             the latest session: skipped methods and why, memory, environment
     summary.json, report.md, *.png
 
@@ -107,6 +109,18 @@ class ResultStore:
                 raise StoreError(f"--resume: {self.root} was run with different settings ({', '.join(changed)})")
         self.answers_dir.mkdir(parents=True, exist_ok=True)
         run_file.write_text(json.dumps(settings, indent=2) + "\n")
+
+    def set_failures_aside(self) -> Path | None:
+        """Move every failure line into failures/retried-STAMP/, so that the failed questions run
+        again; returns that directory, or None when nothing had failed."""
+        files = sorted(self.failures_dir.glob("*.jsonl")) if self.failures_dir.is_dir() else []
+        if not files:
+            return None
+        aside = self.failures_dir / f"retried-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
+        aside.mkdir()
+        for path in files:
+            path.rename(aside / path.name)
+        return aside
 
     def path(self, method: str) -> Path:
         return self.answers_dir / f"{method}.jsonl"
