@@ -113,7 +113,7 @@ class ResultStore:
     def set_failures_aside(self) -> Path | None:
         """Move every failure line into failures/retried-STAMP/, so that the failed questions run
         again; returns that directory, or None when nothing had failed."""
-        files = sorted(self.failures_dir.glob("*.jsonl")) if self.failures_dir.is_dir() else []
+        files = sorted(self.failures_dir.glob("*.jsonl"))  # none when the directory does not exist
         if not files:
             return None
         aside = self.failures_dir / f"retried-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
