@@ -226,3 +226,20 @@ def test_a_resumed_run_keeps_earlier_gate_profiles_that_differ(tmp_path):
     (tmp_path / "session.json").write_text(json.dumps({"gate_profiles": before}))
     assert earlier_distinct(tmp_path, "gate_profiles", "earlier_gate_profiles", before) == []
     assert earlier_distinct(tmp_path, "gate_profiles", "earlier_gate_profiles", now) == [before]
+
+
+def test_two_retries_in_one_second_keep_both_failure_records(tmp_path, monkeypatch):
+    import time
+
+    from draftwise.bench.store import ResultStore
+
+    monkeypatch.setattr(time, "gmtime", lambda *_: time.struct_time((2026, 11, 30, 12, 0, 0, 0, 334, 0)))
+    store = ResultStore(tmp_path)
+    store.open({"seed": 0}, resume=False)
+    asides = []
+    for question in ("a", "b"):
+        store.append(Answer("m", question, "x", (), (), error=f"failed {question}"), "model")
+        asides.append(store.set_failures_aside())
+    assert [p.name for p in asides] == ["retried-20261130T120000", "retried-20261130T120000-2"]
+    assert [sorted(store._read(p / "m.jsonl")) for p in asides] == [["a"], ["b"]]
+    assert store.set_failures_aside() is None  # nothing left to retry

@@ -116,8 +116,16 @@ class ResultStore:
         files = sorted(self.failures_dir.glob("*.jsonl"))  # none when the directory does not exist
         if not files:
             return None
-        aside = self.failures_dir / f"retried-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
-        aside.mkdir()
+        stamp = time.strftime('%Y%m%dT%H%M%S', time.gmtime())
+        aside = self.failures_dir / f"retried-{stamp}"
+        attempt = 1
+        while True:  # two retries within one second must not overwrite each other's record
+            try:
+                aside.mkdir()
+                break
+            except FileExistsError:
+                attempt += 1
+                aside = self.failures_dir / f"retried-{stamp}-{attempt}"
         for path in files:
             path.rename(aside / path.name)
         return aside
