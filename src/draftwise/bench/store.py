@@ -19,6 +19,7 @@ died mid-write) is ignored on resume.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from dataclasses import dataclass
@@ -118,13 +119,11 @@ class ResultStore:
             return None
         stamp = time.strftime('%Y%m%dT%H%M%S', time.gmtime())
         aside = self.failures_dir / f"retried-{stamp}"
-        attempt = 1
-        while True:  # two retries within one second must not overwrite each other's record
+        for attempt in itertools.count(2):  # two retries within one second must not overwrite each other's record
             try:
                 aside.mkdir()
                 break
             except FileExistsError:
-                attempt += 1
                 aside = self.failures_dir / f"retried-{stamp}-{attempt}"
         for path in files:
             path.rename(aside / path.name)
