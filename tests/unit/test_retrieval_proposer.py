@@ -40,6 +40,19 @@ def test_max_nodes_prunes_and_empty_retrieval_proposes_nothing(index_dir):
     assert stats.mean_pruned_nodes == 1 and stats.p99_latency_ms >= stats.p50_latency_ms > 0
 
 
+def test_the_depth_limit_applies_before_pruning_so_the_budget_goes_to_nodes_the_round_can_hold(tmp_path):
+    # after 9 1 2: "3 4" three times, "5" and "7" once each
+    documents = [[9, 1, 2, 3, 4]] * 3 + [[9, 1, 2, 5], [9, 1, 2, 7]]
+    build_from_token_documents(documents, tmp_path / "idx", vocab_size=12, tokenizer_hash="tok")
+    proposer = RestProposer(RestIndex.open(tmp_path / "idx"), max_nodes=3, target_tokenizer_hash="tok")
+    unlimited = proposer.propose([9, 1, 2], "m")
+    assert [n.depth for n in unlimited.nodes].count(2) == 1  # the frequent "3 4" keeps its second token
+    shallow = proposer.propose([9, 1, 2], "m", max_depth=1)
+    # pruning first would keep 3, 3-4 and one of 5/7, and the depth cut would leave only 2 nodes
+    assert sorted(n.token for n in shallow.nodes) == [3, 5, 7] and {n.depth for n in shallow.nodes} == {1}
+    assert proposer.propose([9, 1, 2], "m", max_depth=0).nodes == ()
+
+
 def test_query_settings_default_to_the_index_and_can_be_overridden(index_dir):
     assert RestProposer.open(index_dir, "tok").query == QueryConfig()
     short = RestProposer.open(index_dir, "tok", query=QueryConfig(continuation_length=1))

@@ -98,7 +98,7 @@ class RestProposer:
     def propose(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None) -> ProposalResult:
         """Tree of retrieved continuations of `context` (committed tokens; the last one is pending)."""
         started = time.perf_counter()
-        trie, kept, match_length = self.draft_trie(context)
+        trie, kept, match_length = self.draft_trie(context, max_depth)
         self._record(started, trie, kept, match_length)
         nodes = tuple(
             ProposalNode(token=int(t), parent=int(p), depth=int(d), score=float(c), source=SOURCE)
@@ -106,9 +106,13 @@ class RestProposer:
         )
         return ProposalResult(nodes=nodes, contract=CONTRACT, source=SOURCE, manifest_hash=manifest_hash)
 
-    def draft_trie(self, context: Sequence[int]) -> tuple[Trie, Trie, int]:
-        """(full trie, pruned trie, matched suffix length): the numbers behind a proposal."""
-        match, rows = retrieve(self.index.arrays, context, self.query)
+    def draft_trie(self, context: Sequence[int], max_depth: int | None = None) -> tuple[Trie, Trie, int]:
+        """(full trie, pruned trie, matched suffix length): the numbers behind a proposal.
+        Continuations are cut to the round's depth limit before the trie is built and pruned:
+        pruning first would spend the node budget on nodes the round then cannot hold."""
+        match, rows = retrieve(self.index.arrays, context, self.query)  # rows: [K, L]
+        if max_depth is not None:
+            rows = rows[:, : max(max_depth, 0)]  # [K, min(L, max_depth)]
         trie = build_trie(rows)
         return trie, prune(trie, self.max_nodes), match.length
 

@@ -65,7 +65,7 @@ def build_trie(continuations: np.ndarray) -> Trie:
     costs ~0.2 ms at most, where a dict walk took up to ~1.7 ms for 500-node tries.
     """
     k, length = continuations.shape
-    if k == 0:
+    if k == 0 or length == 0:
         return empty_trie()
     rows = continuations[np.lexsort(continuations.T[::-1])]  # [K, L] equal prefixes now adjacent
     alive = rows != PAD  # [K, L]
