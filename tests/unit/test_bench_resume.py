@@ -98,6 +98,10 @@ def test_a_gated_method_records_the_cost_profile_its_gate_decided_by_and_a_log_g
     assert list(recorded) == ["gated"]  # plain decoding has no gate
     assert recorded["gated"]["rows"] == [1, 2, 4, 8] and recorded["gated"]["relative"] == [1.0, 1.2, 1.5, 3.0]
     assert summary["gate_profiles"] == recorded and summary["earlier_gate_profiles"] == []
+    assert recorded["gated"]["model"] == resolve("smollm2-135m").checkpoint_id  # the whole profile, as saved
+
+    resumed = run_bench(gated, tmp_path / "run", resume=True, console=Console(file=io.StringIO()), pool=pool)
+    assert resumed["earlier_gate_profiles"] == []  # the same profile read back is not a re-measured one
 
 
 def test_a_failed_question_is_kept_out_of_answers_and_runs_again_only_when_retried(tmp_path, pool, monkeypatch):

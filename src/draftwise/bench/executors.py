@@ -60,10 +60,7 @@ class DraftwiseExecutor:
         for decoder in self._decoders.values():
             gate = decoder.config.gate
             if gate is not None:
-                profile = gate.profile
-                return {"rows": list(profile.rows), "relative": [round(r, 4) for r in profile.relative],
-                        "absolute_s": None if profile.absolute_s is None else [round(a, 5) for a in profile.absolute_s],
-                        "machine": profile.machine, "threads": profile.threads}
+                return gate.profile.to_json()
         return None
 
     def run(self, prompt: Sequence[int], max_new_tokens: int | None = None) -> TurnOutput:

@@ -86,7 +86,10 @@ class VerifyCostProfile:
         return self._interpolate(n, self.absolute_s)
 
     def to_json(self) -> dict[str, Any]:
-        return {"rows": self.rows, "relative": self.relative, "absolute_s": self.absolute_s,
+        """The profile as JSON-shaped data (lists, not tuples), so that it compares equal to itself
+        read back from a file."""
+        return {"rows": list(self.rows), "relative": list(self.relative),
+                "absolute_s": None if self.absolute_s is None else list(self.absolute_s),
                 "model": self.model, "backend": self.backend, "threads": self.threads,
                 "machine": self.machine}
 
