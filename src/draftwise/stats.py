@@ -42,7 +42,9 @@ class GenerationStats:
     rounds: int
     mean_accepted: float  # mean accepted candidate tokens per round (the bonus not counted)
     mean_emitted: float  # tokens per round, bonus included
-    acceptance_by_depth: list[float]  # P(depth d accepted | a depth-d candidate was offered and d - 1 accepted)
+    # P(depth d accepted | a depth-d candidate was offered and d - 1 accepted); None where no round offered
+    # one (a rate of 0.0 there would read as "offered and always rejected")
+    acceptance_by_depth: list[float | None]
     accepted_histogram: list[int]  # rounds by accepted length
     fallbacks: int
     gated_rounds: int  # rounds the cost gate cut (to a plain step or a shallower tree)
@@ -64,7 +66,7 @@ def summarize(records: list[RoundRecord], new_tokens: int, wall_seconds: float) 
     by_depth = []
     for d in range(1, max_depth + 1):
         offered = [r for r in records if r.proposal_depth >= d and r.accepted >= d - 1]
-        by_depth.append(sum(r.accepted >= d for r in offered) / len(offered) if offered else 0.0)
+        by_depth.append(round(sum(r.accepted >= d for r in offered) / len(offered), 4) if offered else None)
     histogram = np.bincount(accepted, minlength=1).tolist() if rounds else []
     per_token = max(new_tokens, 1)
     split = {phase: sum(r.seconds.get(phase, 0.0) for r in records) / per_token for phase in PHASES}
@@ -73,7 +75,7 @@ def summarize(records: list[RoundRecord], new_tokens: int, wall_seconds: float) 
         rounds=rounds,
         mean_accepted=float(accepted.mean()) if rounds else 0.0,
         mean_emitted=new_tokens / rounds if rounds else 0.0,
-        acceptance_by_depth=[round(x, 4) for x in by_depth],
+        acceptance_by_depth=by_depth,
         accepted_histogram=histogram,
         fallbacks=sum(r.fallback for r in records),
         gated_rounds=sum(r.gated for r in records),

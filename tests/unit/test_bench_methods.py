@@ -118,6 +118,9 @@ def test_a_key_of_another_proposer_is_refused_not_ignored():
 def test_gate_key(tmp_path):
     m = parse_method("g=dw:gate=auto", DEFAULTS)
     assert m.decoder.gate == "auto" and "gate=auto" in m.describe()
+    # the llama-cpp-python lookup peer runs with logits_all=True (the pool's fix); its description says so
+    assert "logits_all=True" in parse_method("llamacpp-prompt-lookup", DEFAULTS).describe()
+    assert "logits_all" not in parse_method("llamacpp-plain", DEFAULTS).describe()
     assert parse_method("g=dw:gate=" + str(tmp_path), DEFAULTS).decoder.gate == str(tmp_path)
     assert parse_method("dw", DEFAULTS).decoder.gate is None
     with pytest.raises(MethodError, match="neither"):

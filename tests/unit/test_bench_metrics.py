@@ -80,6 +80,9 @@ def test_pooled_rounds_acceptance_split_and_kv():
     # depth 1: offered in 3 rounds (depth>=1, accepted>=0), accepted in 3; depth 3: offered in rounds with
     # depth>=3 and accepted>=2 -> only the first, accepted
     assert m.acceptance_by_depth == pytest.approx([1.0, 2 / 3, 1.0], abs=1e-4)
+    # a depth offered only in rounds whose parent was rejected has no rate: None, not 0.0
+    shallow = turn(range(2), 1.0, rounds=((3, 3, 0, 1, 0),), offsets=(0.5,), accept=(1,))
+    assert method_metrics([answer("c", "x", shallow)], None, check_exact=True).acceptance_by_depth == [0.0, None, None]
     assert m.fallback_rate == pytest.approx(0.25)
     assert m.rows_verified_mean == pytest.approx((4 + 4 + 1 + 3) / 4)
     assert m.max_kv_bytes == 300

@@ -70,7 +70,11 @@ def test_interrupted_run_resumes_without_redoing(tmp_path, pool, monkeypatch):
     for name in ("summary.json", "report.md", "session.json"):
         assert (out / name).is_file()
     assert json.loads((out / "summary.json").read_text())["environment"]["threads"] == 1
-    assert "identical to plain" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "identical to plain" in report
+    # memory is in the report, not only in summary.json: the run's peak and each method's RSS after loading
+    assert f"{summary['peak_rss_mb']:.0f} MB" in report and summary["peak_rss_mb"] > 0
+    assert f"| plain | {plain['config']} | plain | {plain['rss_after_load_mb']:.0f} |" in report
 
     changed = BenchSettings(**{**settings(prompts).__dict__, "max_new_tokens": 9})
     with pytest.raises(StoreError, match="max_new_tokens"):

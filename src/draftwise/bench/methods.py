@@ -88,6 +88,9 @@ class MethodSpec:
         if self.kind != "dw":
             extra = f", draft={self.draft}" if self.kind == "hf-assisted" else ""
             extra += f", tokens={self.lookup_tokens}" if self.kind.endswith("prompt-lookup") else ""
+            # the pool must open this peer with logits_all=True (llama-cpp-python 0.3.36 crashed past
+            # position 512 without it); said here so every report carries it
+            extra += ", logits_all=True" if self.kind == "llamacpp-prompt-lookup" else ""
             return f"{self.kind} (target={self.target}{extra})"
         d = self.decoder
         parts = [f"proposer={d.proposer}", f"backend={self.backend}", f"verifier={d.verifier}", f"target={self.target}"]

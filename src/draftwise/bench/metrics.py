@@ -68,7 +68,7 @@ class MethodMetrics:
     time_split_ms: dict[str, float] | None  # phase -> ms per committed token (draftwise methods)
     mean_accepted: float | None
     accepted_histogram: list[int] | None
-    acceptance_by_depth: list[float] | None
+    acceptance_by_depth: list[float | None] | None  # None inside: that depth was never offered
     fallback_rate: float | None
     rows_verified_mean: float | None
     first_child_coverage: float | None

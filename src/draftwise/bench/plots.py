@@ -61,7 +61,8 @@ def plot_acceptance_by_depth(summary: dict, path: Path) -> Path | None:
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, rates in methods.items():
-        ax.plot(np.arange(1, len(rates) + 1), rates, marker="o", label=name)
+        known = [np.nan if r is None else r for r in rates]  # None: depth never offered, left as a gap
+        ax.plot(np.arange(1, len(rates) + 1), known, marker="o", label=name)
     ax.set_xlabel("depth")
     ax.set_ylabel("P(accepted | offered, parent accepted)")
     ax.set_ylim(0, 1.05)

@@ -85,6 +85,8 @@ def _overview(summary: dict) -> list[str]:
         f"{s['repeats']} repeat(s) (median kept), {s['threads']} threads.",
         f"Machine: {machine.get('cpu') or machine.get('machine', '?')}, {machine.get('cpus_usable', '?')} usable cores; "
         f"libraries {', '.join(f'{k} {v}' for k, v in env.get('libraries', {}).items() if v)}.",
+        *([f"Peak memory (the process's maximum RSS, every model loaded): {summary['peak_rss_mb']:.0f} MB."]
+          if summary.get("peak_rss_mb") is not None else []),
         *([f"**Resumed across environments**: {len(summary['earlier_environments'])} earlier session(s) ran in another "
            "environment (machine, threads, libraries or model files; see summary.json), so answers from different "
            "sessions were not measured side by side."] if summary.get("earlier_environments") else []),
@@ -97,14 +99,16 @@ def _overview(summary: dict) -> list[str]:
 
 
 def _methods_table(summary: dict) -> list[str]:
-    lines = ["## Methods", "", "| method | configuration | reference | status |", "|---|---|---|---|"]
+    lines = ["## Methods", "", "| method | configuration | reference | RSS after load MB | status |",
+             "|---|---|---|---|---|"]
     for name, m in summary["methods"].items():
         status = f"skipped: {m['skipped']}" if m["skipped"] else f"{m['overall']['questions']} questions"
         if m.get("heuristic"):
             status = "**HEURISTIC** (not exact), " + status
         if m["overall"]["errors"]:
             status += f", {m['overall']['errors']} failed"
-        lines.append(f"| {name} | {m['config']} | {m['reference'] or '–'} | {status.replace('|', '/')} |")
+        lines.append(f"| {name} | {m['config']} | {m['reference'] or '–'} | {_fmt(m.get('rss_after_load_mb'), 0)} | "
+                     f"{status.replace('|', '/')} |")
     return lines + [""]
 
 
@@ -150,7 +154,7 @@ def _split_table(summary: dict) -> list[str]:
              "| method | " + " | ".join(phases) + " | acceptance by depth | first / any-child coverage (rounds) |",
              "|---|" + "---|" * (len(phases) + 2)]
     for name, o in rows.items():
-        depth = ", ".join(f"{x:.2f}" for x in (o["acceptance_by_depth"] or [])) or "–"
+        depth = ", ".join(_fmt(x) for x in (o["acceptance_by_depth"] or [])) or "–"
         coverage = (f"{_fmt(o['first_child_coverage'])} / {_fmt(o['any_child_coverage'])} ({o['coverage_rounds']})"
                     if o["coverage_rounds"] else "–")
         lines.append(f"| {name} | " + " | ".join(_fmt(o["time_split_ms"][p], 2) for p in phases)
