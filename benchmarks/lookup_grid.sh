@@ -18,3 +18,5 @@ done
 WORKLOAD="${WORKLOAD:-humaneval:0-9}" bash benchmarks/qwen_bench.sh "$out" "${methods[@]}" "$@"
 .venv/bin/python benchmarks/auto_proposer/predict_vs_measured.py --measured "$out" --backend llamacpp \
   --out "$(dirname "$out")/auto_proposer"
+.venv/bin/python benchmarks/auto_proposer/plot_grid.py --measured "$out" \
+  --predictions "$(dirname "$out")/auto_proposer/$(basename "$out").json"
