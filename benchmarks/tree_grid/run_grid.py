@@ -30,7 +30,8 @@ from draftwise.bench.workloads import messages_for, parse_workload
 from draftwise.build import load_backend
 from draftwise.engine import GenerationConfig, SpeculativeDecoder
 from draftwise.optimize.acceptance import AcceptanceProfile
-from draftwise.optimize.auto import AutoTreeConfig, auto_tree, relation_for
+from draftwise.optimize.auto import AutoTreeConfig, auto_tree
+from draftwise.optimize.calibrate import relation_for
 from draftwise.optimize.hardware import VerifyCostProfile
 from draftwise.optimize.sequoia_dp import solve
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer
