@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from draftwise.bench.methods import MethodDefaults, parse_method
+from draftwise.bench.plots import plot_speedup_grid
 from draftwise.engine import GenerationConfig
 
 
@@ -31,30 +32,6 @@ def grid_points(run: dict, predictions: dict) -> list[dict]:
     return points
 
 
-def plot(points: list[dict], title: str, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for d in sorted({p["d"] for p in points}):
-        line = sorted((p for p in points if p["d"] == d), key=lambda p: p["n"])
-        n = [p["n"] for p in line]
-        drawn, = ax.plot(n, [p["measured_speedup"] for p in line], "o-", label=f"measured, d={d}")
-        ax.plot(n, [p["predicted_speedup"] for p in line], "x--", color=drawn.get_color(), label=f"predicted, d={d}")
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("tree size n (rows a full round verifies, root included)")
-    ax.set_ylabel("speedup over plain decoding")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--measured", required=True, type=Path, help="the bench results directory")
@@ -67,7 +44,7 @@ def main() -> None:
         raise SystemExit(f"no ungated prompt-lookup methods in {args.measured}: nothing to plot")
     title = (f"prompt lookup on {predictions['backend']}, {', '.join(predictions['workloads'])}, "
              f"median error {100 * predictions['median_relative_error']:.1f}%")
-    print(plot(points, title, predictions_path.with_suffix(".png")))
+    print(plot_speedup_grid(points, predictions_path.with_suffix(".png"), title))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from draftwise.bench.plots import plot_speedup_grid
 from draftwise.bench.workloads import messages_for, parse_workload
 from draftwise.build import load_backend
 from draftwise.engine import GenerationConfig, SpeculativeDecoder
@@ -59,10 +60,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--calibration", default="humaneval:0-2")
     parser.add_argument("--eval", default="humaneval:3-4")
-    parser.add_argument("--report-only", action="store_true", help="rewrite report.md from results.json")
+    parser.add_argument("--report-only", action="store_true", help="rewrite report.md and grid.png from results.json")
     args = parser.parse_args()
     if args.report_only:
-        write_report(json.loads((HERE / "results.json").read_text()))
+        result = json.loads((HERE / "results.json").read_text())
+        write_report(result)
+        plot_speedup_grid(result["grid"], HERE / "grid.png", depth_label="d<=")
         return
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     policy = SamplingPolicy()
@@ -132,7 +135,7 @@ def main() -> None:
     }
     (HERE / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     write_report(result)
-    plot(rows)
+    plot_speedup_grid(rows, HERE / "grid.png", depth_label="d<=")  # d: the DP's depth budget
     say(f"median |predicted - measured| / measured = {result['median_relative_error']:.3f}; "
         f"auto choice {chosen} measured {chosen_measured}; best measured {best['n'], best['d']} {best['measured_speedup']:.3f}")
 
@@ -168,26 +171,6 @@ def write_report(result: dict) -> None:
         "![grid](grid.png)", "",
     ]
     (HERE / "report.md").write_text("\n".join(lines))
-
-
-def plot(rows) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for d in sorted({r["d"] for r in rows}):
-        pts = sorted((r for r in rows if r["d"] == d), key=lambda r: r["n"])
-        line, = ax.plot([r["n"] for r in pts], [r["measured_speedup"] for r in pts], "o-", label=f"measured, d<={d}")
-        ax.plot([r["n"] for r in pts], [r["predicted_speedup"] for r in pts], "x--", color=line.get_color(),
-                label=f"predicted, d<={d}")
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xlabel("tree size n (rows verified, root included)")
-    ax.set_ylabel("speedup over plain decoding")
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(HERE / "grid.png", dpi=110)
 
 
 if __name__ == "__main__":

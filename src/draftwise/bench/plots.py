@@ -71,6 +71,26 @@ def plot_acceptance_by_depth(summary: dict, path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def plot_speedup_grid(points: list[dict], path: Path, title: str = "", depth_label: str = "d=") -> Path:
+    """Measured (solid) and predicted (dashed) speedup against tree size n, one line per depth d:
+    issue 7's grid plot.  `points`: dicts with n, d, measured_speedup, predicted_speedup."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for d in sorted({p["d"] for p in points}):
+        line = sorted((p for p in points if p["d"] == d), key=lambda p: p["n"])
+        n = [p["n"] for p in line]
+        drawn, = ax.plot(n, [p["measured_speedup"] for p in line], "o-", label=f"measured, {depth_label}{d}")
+        ax.plot(n, [p["predicted_speedup"] for p in line], "x--", color=drawn.get_color(),
+                label=f"predicted, {depth_label}{d}")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tree size n (rows a full round verifies, root included)")
+    ax.set_ylabel("speedup over plain decoding")
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path)
+
+
 def plot_time_split(summary: dict, path: Path) -> Path | None:
     """Stacked ms per committed token; peers have no phases, so they show one 'total' bar."""
     methods = _ran(summary)
