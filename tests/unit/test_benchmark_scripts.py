@@ -13,24 +13,21 @@ def test_the_benchmark_scripts_are_found():
     assert {p.name for p in SCRIPTS} >= {"run_grid.py", "predict_vs_measured.py", "plot_grid.py", "bench_index.py"}
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(p.parents[1])))
-def test_benchmark_script_imports(script):
-    spec = importlib.util.spec_from_file_location(f"benchmark_{script.stem}", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # runs the imports and definitions; `main()` is behind __name__ == "__main__"
-    assert callable(getattr(module, "main", None))
-
-
-def load(name: str):
-    script = next(p for p in SCRIPTS if p.name == name)
+def load(script: Path):
+    """The script as a module: its imports and definitions run; `main()` is behind __name__ == "__main__"."""
     spec = importlib.util.spec_from_file_location(f"benchmark_{script.stem}", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(p.parents[1])))
+def test_benchmark_script_imports(script):
+    assert callable(getattr(load(script), "main", None))
+
+
 def test_grid_points_are_the_ungated_prompt_lookup_methods_with_their_size_and_depth():
-    plot_grid = load("plot_grid.py")
+    plot_grid = load(next(p for p in SCRIPTS if p.name == "plot_grid.py"))
     run = {"target": "smollm2-135m", "draft": None,
            "methods": ["plain=dw:proposer=none", "g=dw:proposer=prompt-lookup,gate=auto",
                        "a=dw:proposer=prompt-lookup,lookup=4,candidates=2", "b=dw:proposer=prompt-lookup,lookup=2"]}
