@@ -4,8 +4,8 @@
 # development split (all categories) with the chat datastore; prompt lookup and REST each with and
 # without the cost gate.  BACKEND picks the backend
 # (default llamacpp, the fastest plain decoder on this machine); WORKLOAD_CODE / WORKLOAD_CHAT
-# narrow the workloads (e.g. specbench:PATH:40 for 40 stratified questions); extra flags
-# (e.g. --resume) go to both runs.  Indexes: see benchmarks/index/README.md.
+# narrow the workloads (e.g. specbench:PATH:40 for 40 stratified questions); RUNS picks the runs
+# (default "code chat"); extra flags (e.g. --resume) go to every run.  Indexes: see benchmarks/index/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 backend="${BACKEND:-llamacpp}"
@@ -21,6 +21,11 @@ run() {  # run OUT WORKLOAD INDEX [flags]
     --method rest=dw:proposer=rest,backend=$backend,index=$index \
     --method rest-gate=dw:proposer=rest,backend=$backend,index=$index,gate=auto "$@"
 }
-run "benchmarks/rest_decoding_code_$backend" "${WORKLOAD_CODE:-humaneval:0-19}" "$indexes/code" "$@"
-run "benchmarks/rest_decoding_chat_$backend" "${WORKLOAD_CHAT:-specbench:../shared/data/spec_bench/question.jsonl}" \
-  "$indexes/chat" "$@"
+for which in ${RUNS:-code chat}; do
+  case "$which" in
+    code) run "benchmarks/rest_decoding_code_$backend" "${WORKLOAD_CODE:-humaneval:0-19}" "$indexes/code" "$@" ;;
+    chat) run "benchmarks/rest_decoding_chat_$backend" \
+            "${WORKLOAD_CHAT:-specbench:../shared/data/spec_bench/question.jsonl}" "$indexes/chat" "$@" ;;
+    *) echo "RUNS: unknown run '$which' (expected code and/or chat)" >&2; exit 2 ;;
+  esac
+done
