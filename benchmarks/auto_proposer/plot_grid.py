@@ -43,7 +43,7 @@ def main() -> None:
     if not points:
         raise SystemExit(f"no ungated prompt-lookup methods in {args.measured}: nothing to plot")
     title = (f"prompt lookup on {predictions['backend']}, {', '.join(predictions['workloads'])}, "
-             f"median error {100 * predictions['median_relative_error']:.1f}%")
+             f"T = {predictions['temperature']:g}, median error {100 * predictions['median_relative_error']:.1f}%")
     print(plot_speedup_grid(points, predictions_path.with_suffix(".png"), title))
 
 

@@ -107,7 +107,6 @@ def prepare(method: MethodSpec, pool: ModelPool, generation: GenerationConfig) -
         target = pool.backend(method.target, "transformers")
         assistant = pool.backend(method.draft, "transformers", role="draft").model if method.kind == "hf-assisted" else None
         return HfExecutor(method, target, assistant, generation)
-    lookup = method.lookup_tokens if method.kind == "llamacpp-prompt-lookup" else None
-    llama = pool.llama(method.target, lookup)
+    llama = pool.llama(method.target, method.peer_lookup_tokens)
     tokenizer = pool.backend(method.target, "llamacpp", leaves=0)  # same chat rendering and EOS set as draftwise's llama.cpp methods
     return LlamaCppExecutor(method, llama, tokenizer, generation)

@@ -29,6 +29,7 @@ import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from draftwise.bench.pool import llama_logits_all
 from draftwise.build import BACKENDS, PROPOSERS, DecoderSpec, choose_backend, planned_contracts, preflight
 from draftwise.engine import GenerationConfig
 from draftwise.models import resolve
@@ -80,6 +81,11 @@ class MethodSpec:
         return self.kind in ("hf-plain", "llamacpp-plain")
 
     @property
+    def peer_lookup_tokens(self) -> int | None:
+        """The lookup length llama-cpp-python's `Llama` is opened with: None but for its lookup peer."""
+        return self.lookup_tokens if self.kind == "llamacpp-prompt-lookup" else None
+
+    @property
     def family(self) -> tuple[str, str]:
         """Methods of one family must produce the same greedy tokens."""
         return (self.backend, self.target)
@@ -88,9 +94,8 @@ class MethodSpec:
         if self.kind != "dw":
             extra = f", draft={self.draft}" if self.kind == "hf-assisted" else ""
             extra += f", tokens={self.lookup_tokens}" if self.kind.endswith("prompt-lookup") else ""
-            # the pool must open this peer with logits_all=True (llama-cpp-python 0.3.36 crashed past
-            # position 512 without it); said here so every report carries it
-            extra += ", logits_all=True" if self.kind == "llamacpp-prompt-lookup" else ""
+            if llama_logits_all(self.peer_lookup_tokens):
+                extra += ", logits_all=True"  # how the pool opens it: every report carries it
             return f"{self.kind} (target={self.target}{extra})"
         d = self.decoder
         parts = [f"proposer={d.proposer}", f"backend={self.backend}", f"verifier={d.verifier}", f"target={self.target}"]

@@ -74,9 +74,15 @@ class ModelPool:
         if resolved.kind != "gguf":
             raise ValueError(f"llama.cpp loads .gguf models; {model!r} is a {resolved.kind}")
         draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens) if lookup_tokens else None
-        # logits_all with a draft: `Llama` keeps logits for every row then anyway, but (0.3.36)
-        # sizes its score buffer by the argument, n_batch = 512 rows without it, so a lookup
-        # generation crashed with a numpy broadcast error once it ran past position 512.
-        # Logit computation is unchanged (a draft already forces it on); only the buffer grows.
         return Llama(model_path=resolved.path, n_ctx=LLAMA_N_CTX, n_threads=self.threads, n_threads_batch=self.threads,
-                     seed=self.seed, draft_model=draft, logits_all=draft is not None, verbose=False)
+                     seed=self.seed, draft_model=draft, logits_all=llama_logits_all(lookup_tokens), verbose=False)
+
+
+def llama_logits_all(lookup_tokens: int | None) -> bool:
+    """Whether the pool opens llama-cpp-python's `Llama` with logits_all (method descriptions say so).
+
+    With a draft, `Llama` keeps logits for every row anyway, but (0.3.36) sizes its score buffer
+    by this argument, n_batch = 512 rows without it, so a lookup generation crashed with a numpy
+    broadcast error once it ran past position 512.  Logit computation is unchanged (a draft
+    already forces it on); only the buffer grows."""
+    return bool(lookup_tokens)
