@@ -10,12 +10,12 @@ import pytest
 from typer.testing import CliRunner
 
 from draftwise.artifacts import read_manifest
-from draftwise.build import DecoderSpec, draft_template, planned_contracts
+from draftwise.build import DecoderSpec, draft_template, planned_contracts, preflight
 from draftwise.cli import app
 from draftwise.contracts import TopologyKind
 from draftwise.engine import GenerationConfig, slot_path
 from draftwise.optimize.acceptance import AcceptanceProfile
-from draftwise.optimize.calibrate import calibrate, count_slots
+from draftwise.optimize.calibrate import calibrate, calibration_spec, count_slots
 from draftwise.optimize.hardware import VerifyCostProfile
 from draftwise.optimize.select import load_tree_artifact
 from draftwise.sampling import SamplingPolicy
@@ -159,6 +159,18 @@ def test_tree_optimize_refuses_artifacts_of_another_configuration(tmp_path, back
 
 
 # ------------------------------------------------------------------ tree artifacts as --tree
+
+
+@pytest.mark.parametrize("relation, verifier", [("iid", "specinfer"), ("without_replacement", "sequoia"),
+                                                ("beam", "greedy")])
+def test_calibration_is_verified_by_the_verifier_of_the_trees_it_feeds(relation, verifier):
+    """A sampled width-4 depth-1 calibration must not become a set verified by SpecTr: the DP's
+    trees are verified per node by SpecInfer / Sequoia, whose slot acceptances differ."""
+    policy = SamplingPolicy() if relation == "beam" else SamplingPolicy(temperature=1.0)
+    spec = calibration_spec("qwen2.5-coder-1.5b", "llamacpp", 2, "draft-model", "qwen2.5-coder-0.5b",
+                            4, 1, relation, policy, 48, 0)
+    assert preflight(spec) == verifier
+    assert sorted(path for path in draft_template(spec) if len(path) == 1) == [(0,), (1,), (2,), (3,)]
 
 
 def test_tree_artifact_is_a_draft_template_under_its_own_policy_only(tmp_path):

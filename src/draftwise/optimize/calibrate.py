@@ -39,11 +39,13 @@ from draftwise.topology.templates import Template, cartesian
 
 
 def calibration_template(width: int, depth: int, relation: SamplingRelation) -> Template:
-    """Width-W trees of depth D for a draft model.  A depth-1 template is a one-position set,
-    and Sequoia's contract is a tree (DESIGN's table), so without-replacement calibration at
-    depth 1 grows one child under each slot and counts depth 1 only."""
+    """Width-W trees of depth D for a draft model.  A sampled depth-1 template would be a
+    one-position set, which the automatic choice verifies by SpecTr (i.i.d.) and nothing else
+    (without replacement), while the trees the calibration feeds are verified per node by
+    SpecInfer or Sequoia, with other slot acceptances; so sampled calibration at depth 1 grows
+    one child under each slot, to be verified as a tree, and counts depth 1 only."""
     widths = [width] * depth
-    if depth == 1 and relation is SamplingRelation.WITHOUT_REPLACEMENT:
+    if depth == 1 and relation in (SamplingRelation.IID, SamplingRelation.WITHOUT_REPLACEMENT):
         widths.append(1)
     return cartesian(widths)
 
