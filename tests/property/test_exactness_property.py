@@ -109,6 +109,14 @@ def test_sequoia_tree_is_exact(case):
 
 
 @PROPERTY
+@given(instances(WOR, depth2=False))
+def test_sequoia_set_is_exact(case):
+    """A one-position set drawn without replacement, verified by Sequoia (the automatic choice)."""
+    template, p_of, q_of, vocab = case
+    assert deviation(SequoiaVerifier(), template, p_of, q_of, vocab, WOR, TopologyKind.SET) < TOL
+
+
+@PROPERTY
 @given(instances(IID, depth2=False))
 def test_spectr_set_is_exact(case):
     template, p_of, q_of, vocab = case
@@ -189,6 +197,7 @@ PLANTED = [  # (buggy, correct, relation, topology, template)
     (SiblingOrderIgnoredSpecInfer(), SpecInferVerifier(), IID, TREE, set_template(3)),
     (SiblingOrderIgnoredSequoia(), SequoiaVerifier(), WOR, TREE, set_template(2)),
     (QNotRenormalized(), SequoiaVerifier(), WOR, TREE, set_template(2)),
+    (QNotRenormalized(), SequoiaVerifier(), WOR, SET, set_template(2)),  # the same bug on a one-position set
     (SpecTrResidualSkipped(), SpecTrVerifier(), IID, SET, set_template(2)),
 ]
 

@@ -72,7 +72,7 @@ def test_capabilities_follow_the_negotiation_table():
     spec = {
         "rejection": (RejectionVerifier, {IID}, {TopologyKind.SEQUENCE}, True),
         "specinfer": (SpecInferVerifier, {IID}, {TopologyKind.TREE}, True),
-        "sequoia": (SequoiaVerifier, {WOR}, {TopologyKind.TREE}, True),
+        "sequoia": (SequoiaVerifier, {WOR}, {TopologyKind.TREE, TopologyKind.SET}, True),
         "spectr": (SpecTrVerifier, {IID}, {TopologyKind.SET}, True),
     }
     for name, (cls, relations, topologies, exact) in spec.items():

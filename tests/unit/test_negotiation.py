@@ -25,7 +25,8 @@ def table_says(name: str, c: ProposerContract, policy: SamplingPolicy, exact: bo
     if name == "specinfer":
         return normalized and c.relation is R.IID and c.topology is T.TREE
     if name == "sequoia":
-        return normalized and c.relation is R.WITHOUT_REPLACEMENT and c.topology is T.TREE
+        # a one-position set of without-replacement siblings is a depth-1 tree
+        return normalized and c.relation is R.WITHOUT_REPLACEMENT and c.topology in (T.TREE, T.SET)
     if name == "spectr":
         return normalized and c.relation is R.IID and c.topology is T.SET
     if name == "typical":
@@ -72,6 +73,8 @@ def test_frequency_never_reaches_rejection():
     (ProposerContract(S.NORMALIZED_CONDITIONAL, R.IID, T.SEQUENCE), SAMPLED, "rejection"),
     (ProposerContract(S.NORMALIZED_CONDITIONAL, R.IID, T.TREE), SAMPLED, "specinfer"),
     (ProposerContract(S.NORMALIZED_CONDITIONAL, R.WITHOUT_REPLACEMENT, T.TREE), SAMPLED, "sequoia"),
+    # a sampled depth-1 draft template drawn without replacement: Sequoia, not q-blind membership
+    (ProposerContract(S.NORMALIZED_CONDITIONAL, R.WITHOUT_REPLACEMENT, T.SET), SAMPLED, "sequoia"),
     (ProposerContract(S.NORMALIZED_CONDITIONAL, R.IID, T.SET), SAMPLED, "spectr"),
     (ProposerContract(S.FREQUENCY, R.DETERMINISTIC_LOOKUP, T.TREE), SAMPLED, "membership"),
 ])

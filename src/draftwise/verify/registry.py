@@ -31,6 +31,8 @@ _BY_SHAPE = {
     (SamplingRelation.IID, TopologyKind.TREE): "specinfer",
     (SamplingRelation.IID, TopologyKind.SET): "spectr",
     (SamplingRelation.WITHOUT_REPLACEMENT, TopologyKind.TREE): "sequoia",
+    # without it a sampled depth-1 draft template (a set) fell to membership, which ignores q
+    (SamplingRelation.WITHOUT_REPLACEMENT, TopologyKind.SET): "sequoia",
 }
 
 

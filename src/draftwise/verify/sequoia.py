@@ -63,7 +63,9 @@ class SequoiaVerifier(ResidualTreeVerifier):
         name="sequoia",
         semantics=frozenset({ProbabilitySemantics.NORMALIZED_CONDITIONAL}),
         relations=frozenset({SamplingRelation.WITHOUT_REPLACEMENT}),
-        topologies=frozenset({TopologyKind.TREE}),
+        # a one-position set of siblings drawn without replacement is a depth-1 tree: the node
+        # rule above is all Sequoia does there (a width-W, depth-1 draft template is declared a set)
+        topologies=frozenset({TopologyKind.TREE, TopologyKind.SET}),
         exact=True,
         single_source=True,
     )
