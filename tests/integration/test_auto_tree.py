@@ -99,3 +99,55 @@ def test_a_transformers_target_keys_its_measured_artifacts_by_its_thread_count(t
         torch.set_num_threads(before)
     assert any("measuring" in m for m in messages) and other.threads != first.threads
     assert len(list(tmp_path.glob("gate/*/rows-3"))) == 2
+
+
+class RecordingBackend:
+    """A real backend that notes the row count of every verify call (1 = the pending row alone)."""
+
+    def __init__(self, backend) -> None:
+        self._backend, self.verified = backend, []
+
+    def verify(self, pending, round_, unread=()):
+        self.verified.append(1 if round_ is None else 1 + round_.n)
+        return self._backend.verify(pending, round_, unread)
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+
+def test_profile_spreads_its_repeats_over_shuffled_passes():
+    """A slow spell of a shared machine must not land on every sample of one row count: after a
+    warm-up pass, each timed pass verifies every n once, in its own order."""
+    from draftwise.backends.profile import profile_verify_cost
+
+    rows, repeats = (1, 2, 3, 4), 4
+    recorder = RecordingBackend(tiny_backend(0))
+    messages: list[str] = []
+    measured = profile_verify_cost(recorder, prefix_len=8, rows=rows, repeats=repeats, progress=messages.append)
+    passes = [recorder.verified[i * len(rows):(i + 1) * len(rows)] for i in range(repeats + 1)]
+    assert len(recorder.verified) == len(rows) * (repeats + 1)
+    assert passes[0] == list(rows)  # the warm-up, untimed
+    assert all(sorted(p) == list(rows) for p in passes[1:])
+    assert len({tuple(p) for p in passes[1:]}) > 1  # shuffled afresh each pass
+    assert measured["rows"] == list(rows) and len(measured["absolute_s"]) == len(rows)
+    assert sum("pass" in m for m in messages) == repeats  # progress per pass
+
+
+def test_a_profile_sampled_the_old_way_is_measured_again(tmp_path):
+    """A cached profile whose repeats ran back to back (no `sampling` in its provenance) is
+    remeasured with shuffled passes, not reused."""
+    from draftwise.backends.profile import SAMPLING
+    from draftwise.optimize.auto import ensure_profile
+    from draftwise.optimize.hardware import VerifyCostProfile
+
+    target = tiny_backend(0)
+    old = VerifyCostProfile.from_absolute([1, 2, 3], [0.01, 0.02, 0.03], model=target.info.checkpoint,
+                                          backend=target.info.name, threads=1, machine="x",
+                                          provenance={"prefix_len": 8, "repeats": 1, "shape": "random tree"})
+    old.save(tmp_path / "profile")
+    messages: list[str] = []
+    fresh = ensure_profile(target, tmp_path / "profile", (1, 2, 3), 8, 1, messages.append)
+    assert any("measuring" in m for m in messages) and fresh.provenance["sampling"] == SAMPLING
+    messages.clear()
+    assert ensure_profile(target, tmp_path / "profile", (1, 2, 3), 8, 1, messages.append) == fresh
+    assert messages == []

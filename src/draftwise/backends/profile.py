@@ -7,7 +7,13 @@ frontier), because trees are what the optimizer builds from this profile and a t
 more than a chain of the same size on llama.cpp (leaf-sequence tagging, a multi-sequence
 mask).  One sample = verify + rollback on a prefix of `prefix_len` committed tokens; a
 rollback is what a fully rejected round costs in bookkeeping, and it restores the prefix so
-every sample sees the same state.  One untimed warm-up sample per n precedes the timed ones.
+every sample sees the same state.
+
+The samples are taken in passes: one untimed warm-up pass over every n, then `repeats` timed
+passes, each over every n in a fresh shuffled order.  Timing all repeats of one n back to back
+let a slow spell of a shared machine land on that n alone (three repeats of n = 6 once came out
+20% above n = 7); spread over passes it lands on one sample of each n, which the median drops.
+Decoding changes its row count every round too, so a shuffled order is also the realistic one.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ from draftwise.optimize.hardware import VerifyCostProfile
 from draftwise.topology.compile import CompiledRound, TreeLimits, compile_round
 
 DEFAULT_ROWS = (1, 2, 4, 8, 16, 32, 64)
+# how the samples were taken, in each profile's provenance: a cached profile sampled otherwise
+# (all repeats of one n back to back, before 2026-12-01) is measured again, not reused
+SAMPLING = "shuffled passes"
 _CONTRACT = ProposerContract(ProbabilitySemantics.ABSENT, SamplingRelation.DETERMINISTIC_LOOKUP, TopologyKind.TREE)
 # realistic text for the prefix (attention cost grows with it; the content does not matter)
 _PREFIX_TEXT = (
@@ -90,23 +99,28 @@ def profile_verify_cost(
     backend.extend(prefix[:-1])
     pending = prefix[-1]
     rng = np.random.default_rng(0)
-    medians: list[float] = []
+    rounds: dict[int, CompiledRound | None] = {}
     for n in rows:
         if n == 1:
-            round_ = None
+            rounds[n] = None
         elif chain:
-            round_ = chain_round(backend.cached_len + 1, n - 1, backend.info.vocab_size)
+            rounds[n] = chain_round(backend.cached_len + 1, n - 1, backend.info.vocab_size)
         else:
-            round_ = random_tree(backend.cached_len + 1, n - 1, backend.info.vocab_size, rng)
-        samples = []
-        for i in range(repeats + 1):
+            rounds[n] = random_tree(backend.cached_len + 1, n - 1, backend.info.vocab_size, rng)
+    order_rng = np.random.default_rng(1)
+    samples: dict[int, list[float]] = {n: [] for n in rows}
+    for sweep in range(repeats + 1):  # sweep 0 is the warm-up
+        for n in (rows if sweep == 0 else [rows[i] for i in order_rng.permutation(len(rows))]):
             start = time.perf_counter()
-            backend.verify(pending, round_)
+            backend.verify(pending, rounds[n])
             backend.rollback()
-            if i:  # the first is the warm-up
-                samples.append(time.perf_counter() - start)
-        medians.append(float(np.median(samples)))
-        say(f"n={n:3d}: {medians[-1] * 1e3:8.2f} ms (x{medians[-1] / medians[0]:.2f})")
+            if sweep:
+                samples[n].append(time.perf_counter() - start)
+        if sweep:
+            say(f"pass {sweep}/{repeats} over {len(rows)} row counts")
+    medians = [float(np.median(samples[n])) for n in rows]
+    for n, median in zip(rows, medians):
+        say(f"n={n:3d}: {median * 1e3:8.2f} ms (x{median / medians[0]:.2f})")
     backend.reset()
     return {
         "rows": [int(n) for n in rows],
@@ -134,7 +148,7 @@ def write_profile(
     profile = VerifyCostProfile.from_absolute(
         measured["rows"], measured["absolute_s"], model=measured["model"], backend=measured["backend"],
         threads=measured["threads"], machine=measured["machine"],
-        provenance={"prefix_len": prefix_len, "repeats": repeats, "shape": shape},
+        provenance={"prefix_len": prefix_len, "repeats": repeats, "shape": shape, "sampling": SAMPLING},
     )
     profile.save(Path(out_dir))
     return profile

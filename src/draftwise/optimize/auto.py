@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 from draftwise.artifacts import ArtifactError, read_manifest, stable_hash
 from draftwise.backends.base import Backend
-from draftwise.backends.profile import write_profile
+from draftwise.backends.profile import SAMPLING as PROFILE_SAMPLING, write_profile
 from draftwise.build import build_decoder
 from draftwise.engine import GenerationConfig
 from draftwise.optimize.calibrate import (
@@ -72,13 +72,20 @@ def artifact_matches(directory: Path, kind: str, check: Callable[[dict], bool]) 
         return False
 
 
+def sampled_as_now(provenance: dict) -> bool:
+    """A profile measured here (it records its repeats) must have been sampled the current way;
+    a hand-written one (no repeats) has no sampling to check."""
+    return "repeats" not in provenance or provenance.get("sampling") == PROFILE_SAMPLING
+
+
 def ensure_profile(target: Backend, directory: Path, rows: Sequence[int], prefix_len: int, repeats: int,
                    say: Callable[[str], None], chain: bool = False) -> VerifyCostProfile:
     """The verify profile in `directory`, measured now unless a valid one for this target and
     backend covering `rows` is there already."""
     wanted = [int(n) for n in rows]
     if not artifact_matches(directory, "verify_profile",
-                  lambda p: p.get("model") == target.info.checkpoint and p.get("backend") == target.info.name):
+                  lambda p: p.get("model") == target.info.checkpoint and p.get("backend") == target.info.name
+                  and sampled_as_now(p)):
         shutil.rmtree(directory, ignore_errors=True)
     else:
         profile = VerifyCostProfile.load(directory)
