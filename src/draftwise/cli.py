@@ -290,6 +290,7 @@ def profile(
     rows_list: Optional[str] = typer.Option(None, "--rows", help="Explicit row counts, e.g. 1,2,3,4,6,8 (overrides --max-rows)."),
     repeats: int = typer.Option(5, help="Timed repeats per n (the median is kept)."),
     chain: bool = typer.Option(False, "--chain", help="Time chains of n - 1 candidates (what a sequence proposer verifies) instead of random trees."),
+    extend: bool = typer.Option(False, "--extend", help="Time extends of n tokens with the last row's logits only (a draft's catch-up) instead of verifies."),
     out: str = typer.Option(..., help="Directory for the verify_profile artifact."),
 ) -> None:
     """Measure t(n)/t(1), the target's verify time for n rows, and save it as an artifact."""
@@ -317,12 +318,12 @@ def profile(
             _fail(f"{name} must be >= 1, got {value}")
             return
     try:
-        # a tree of n rows has at most n - 1 leaves; chains need no tree sequences
-        leaves = 0 if chain else min(max(rows), LLAMACPP_MAX_SEQUENCES - 1)
+        # a tree of n rows has at most n - 1 leaves; chains and extends need no tree sequences
+        leaves = 0 if chain or extend else min(max(rows), LLAMACPP_MAX_SEQUENCES - 1)
         target_backend = load_backend(target, backend, threads, progress=lambda m: err.print(f"[dim]{m}[/]"),
                                       max_tree_leaves=leaves)
         result = write_profile(target_backend, Path(out), prefix_len=prefix_len, rows=rows, repeats=repeats,
-                               progress=lambda m: err.print(m), chain=chain)
+                               progress=lambda m: err.print(m), chain=chain, extend=extend)
     except (ValueError, RuntimeError, OSError) as exc:
         _fail(str(exc))
         return

@@ -87,6 +87,12 @@ def optimize(
     acceptance: Path = typer.Option(..., help="Acceptance artifact from `draftwise calibrate`."),
     profile: Path = typer.Option(..., help="Verify-cost profile from `draftwise profile`."),
     draft_cost: Optional[float] = typer.Option(None, help="c per depth in plain-step units (default: measured)."),
+    draft_profile: Optional[Path] = typer.Option(
+        None, help="The draft model's own verify profile (`draftwise profile --target DRAFT --chain`): "
+                   "price drafting forward by forward instead of a flat c per depth."),
+    draft_catch_up: Optional[Path] = typer.Option(
+        None, help="The draft's extend profile (`draftwise profile --target DRAFT --extend`) for its catch-up "
+                   "over each round's published tokens (default: --draft-profile's verify times)."),
     max_nodes: int = typer.Option(32, help="Largest tree, root included."),
     max_depth: int = typer.Option(8, help="Deepest tree."),
     out: Path = typer.Option(..., help="Directory for the tree artifact."),
@@ -96,11 +102,12 @@ def optimize(
 
     try:
         choice, manifest = optimize_from_artifacts(acceptance, profile, out, max_depth=max_depth, max_nodes=max_nodes,
-                                                   draft_cost=draft_cost)
+                                                   draft_cost=draft_cost, draft_profile_dir=draft_profile,
+                                                   draft_catch_up_dir=draft_catch_up)
     except (ValueError, ArtifactError, OSError) as exc:
         _fail(str(exc))
         return
-    table = Table("n", "best d", "G", "t(n)+dc", "predicted speedup")
+    table = Table("n", "best d", "G", "t(n)+dc" if draft_profile is None else "t(n)+draft", "predicted speedup")
     for n in sorted({pt.n for pt in choice.grid}):
         points = [pt for pt in choice.grid if pt.n == n and pt.speedup is not None]
         if points:
@@ -108,5 +115,7 @@ def optimize(
             table.add_row(str(n), str(best.d), f"{best.expected_tokens:.3f}", f"{best.time:.3f}", f"{best.speedup:.3f}")
     Console().print(table)
     Console().print(f"chosen: n={choice.n} d={choice.d} G={choice.expected_tokens:.4f} "
-                    f"predicted speedup {choice.speedup:.3f} (c={choice.draft_cost:.4f}); paths {list(map(list, choice.paths))}")
+                    f"predicted speedup {choice.speedup:.3f} "
+                    f"({f'c={choice.draft_cost:.4f}' if draft_profile is None else 'draft priced by its profile'}); "
+                    f"paths {list(map(list, choice.paths))}")
     Console().print(f"saved {out} (manifest {manifest.hash[:12]}…); use it with `draftwise generate --tree {out}`")

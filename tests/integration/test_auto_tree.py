@@ -105,11 +105,15 @@ class RecordingBackend:
     """A real backend that notes the row count of every verify call (1 = the pending row alone)."""
 
     def __init__(self, backend) -> None:
-        self._backend, self.verified = backend, []
+        self._backend, self.verified, self.extended = backend, [], []
 
     def verify(self, pending, round_, unread=()):
         self.verified.append(1 if round_ is None else 1 + round_.n)
         return self._backend.verify(pending, round_, unread)
+
+    def extend(self, tokens):
+        self.extended.append(len(tokens))
+        return self._backend.extend(tokens)
 
     def __getattr__(self, name):
         return getattr(self._backend, name)
@@ -151,3 +155,25 @@ def test_a_profile_sampled_the_old_way_is_measured_again(tmp_path):
     messages.clear()
     assert ensure_profile(target, tmp_path / "profile", (1, 2, 3), 8, 1, messages.append) == fresh
     assert messages == []
+
+
+def test_an_extend_profile_times_catch_ups_not_verifies():
+    """`extend=True` (a draft's catch-up): n tokens extended with the last row's logits, then
+    truncated back, so every sample sits on the same prefix; no verify is timed."""
+    from draftwise.backends.profile import EXTEND_SHAPE, profile_verify_cost, write_profile
+
+    rows, repeats = (1, 2, 3), 2
+    recorder = RecordingBackend(tiny_backend(0))
+    measured = profile_verify_cost(recorder, prefix_len=8, rows=rows, repeats=repeats, extend=True)
+    assert recorder.verified == []
+    prefix_read, *catch_ups = recorder.extended
+    assert prefix_read == 7 and sorted(catch_ups) == sorted(list(rows) * (repeats + 1))
+    assert measured["rows"] == list(rows) and all(s > 0 for s in measured["absolute_s"])
+    with pytest.raises(ValueError, match="not both"):
+        profile_verify_cost(recorder, prefix_len=8, rows=rows, repeats=1, chain=True, extend=True)
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as directory:
+        saved = write_profile(recorder, Path(directory) / "p", prefix_len=8, rows=rows, repeats=1, progress=None,
+                              extend=True)
+    assert saved.provenance["shape"] == EXTEND_SHAPE

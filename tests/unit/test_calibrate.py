@@ -15,6 +15,7 @@ from draftwise.cli import app
 from draftwise.contracts import TopologyKind
 from draftwise.engine import GenerationConfig, slot_path
 from draftwise.optimize.acceptance import AcceptanceProfile
+from draftwise.optimize.select import draft_round_steps
 from draftwise.optimize.calibrate import calibrate, calibration_spec, count_slots
 from draftwise.optimize.hardware import VerifyCostProfile
 from draftwise.optimize.select import load_tree_artifact
@@ -211,3 +212,63 @@ def test_limits_grow_to_the_configured_draft_so_no_drafted_token_goes_unverified
     small = DecoderSpec(proposer="draft-model", tree="cartesian:2,2")
     assert fitted_generation(small) == small.generation  # within the defaults: unchanged
     assert fitted_generation(DecoderSpec(proposer="none")) == default
+
+
+def write_draft_inputs(tmp_path, draft_model="toy-draft"):
+    acceptance = tmp_path / "acceptance"
+    AcceptanceProfile.from_conditional(TOY_H, provenance={
+        "target": "toy-model", "backend": "llamacpp", "threads": 2, "policy": GREEDY, "draft_step_seconds": 0.009,
+        "proposers": [{"name": "draft-model", "checkpoint": "toy-draft"}],
+    }).save(acceptance)
+    profile, draft = tmp_path / "profile", tmp_path / "draft-profile"
+    VerifyCostProfile.from_absolute(list(range(1, 9)), [0.1 * t for t in TOY_T], model="toy-model", backend="llamacpp",
+                                    threads=2, machine="test").save(profile)
+    # a compute-bound draft: r rows cost r times 0.02 s, a fifth of a target step each
+    VerifyCostProfile.from_absolute(list(range(1, 9)), [0.02 * r for r in range(1, 9)], model=draft_model,
+                                    backend="llamacpp", threads=2, machine="test").save(draft)
+    return acceptance, profile, draft
+
+
+def test_tree_optimize_prices_drafting_by_the_draft_profile(tmp_path):
+    acceptance, profile, draft = write_draft_inputs(tmp_path)
+    out = tmp_path / "tree"
+    result = CliRunner().invoke(app, ["tree", "optimize", "--acceptance", str(acceptance), "--profile", str(profile),
+                                      "--draft-profile", str(draft), "--max-nodes", "8", "--max-depth", "4",
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    artifact = load_tree_artifact(out, draft_hardware_manifest_hash=read_manifest(draft).hash)
+    choice = artifact.choice
+    assert choice.draft_model == "draft verify profile" and "priced by its profile" in result.output
+    # the chosen point's time is t(n) plus the forwards of its tree at 0.2 target steps a row
+    drafting = draft_round_steps(choice.paths, choice.expected_tokens, lambda r: 0.02 * r / 0.1)  # t(1) = 0.1 s
+    assert choice.time_per_token == pytest.approx((TOY_T[choice.n - 1] + drafting) / choice.expected_tokens)
+
+
+@pytest.mark.parametrize("extra, draft_model, message", [
+    (["--draft-cost", "0.1"], "toy-draft", "not both"),
+    ([], "another-draft", "the draft profile times another-draft"),
+])
+def test_tree_optimize_refuses_a_draft_profile_that_does_not_fit(tmp_path, extra, draft_model, message):
+    acceptance, profile, draft = write_draft_inputs(tmp_path, draft_model=draft_model)
+    result = CliRunner().invoke(app, ["tree", "optimize", "--acceptance", str(acceptance), "--profile", str(profile),
+                                      "--draft-profile", str(draft), "--out", str(tmp_path / "tree"), *extra])
+    assert result.exit_code == 2 and message in result.output
+    assert not (tmp_path / "tree").exists()
+
+
+def test_tree_optimize_prices_the_catch_up_by_the_extend_profile(tmp_path):
+    acceptance, profile, draft = write_draft_inputs(tmp_path)
+    catch_up = tmp_path / "catch-up"
+    VerifyCostProfile.from_absolute(list(range(1, 9)), [0.01 * r for r in range(1, 9)], model="toy-draft",
+                                    backend="llamacpp", threads=2, machine="test").save(catch_up)
+    out = tmp_path / "tree"
+    result = CliRunner().invoke(app, ["tree", "optimize", "--acceptance", str(acceptance), "--profile", str(profile),
+                                      "--draft-profile", str(draft), "--draft-catch-up", str(catch_up),
+                                      "--max-nodes", "8", "--max-depth", "4", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    choice = load_tree_artifact(out, draft_catch_up_manifest_hash=read_manifest(catch_up).hash).choice
+    drafting = draft_round_steps(choice.paths, choice.expected_tokens, lambda r: 0.2 * r, lambda r: 0.1 * r)
+    assert choice.time_per_token == pytest.approx((TOY_T[choice.n - 1] + drafting) / choice.expected_tokens)
+    alone = CliRunner().invoke(app, ["tree", "optimize", "--acceptance", str(acceptance), "--profile", str(profile),
+                                     "--draft-catch-up", str(catch_up), "--out", str(tmp_path / "alone")])
+    assert alone.exit_code == 2 and "profile too" in alone.output

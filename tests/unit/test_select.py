@@ -9,7 +9,9 @@ import pytest
 from draftwise.artifacts import ArtifactError, read_manifest, write_manifest
 from draftwise.optimize.acceptance import AcceptanceProfile, selected_child_probs
 from draftwise.optimize.hardware import VerifyCostProfile
-from draftwise.optimize.select import load_tree_artifact, optimize_tree, save_tree_artifact
+from draftwise.optimize.select import (FLAT_DRAFT_MODEL, PROFILED_DRAFT_MODEL, draft_round_steps, load_tree_artifact,
+                                       optimize_tree, save_tree_artifact)
+from draftwise.optimize.sequoia_dp import solve
 from draftwise.optimize.sequoia_dp import brute_force, expected_tokens
 
 TOY_H = [0.82, 0.48, 0.24]
@@ -83,6 +85,42 @@ def test_optimize_refuses_bad_inputs():
 def test_profile_callable_plugs_in():
     choice = optimize_tree(selected_child_probs(TOY_H), toy_profile().relative_at, TOY_C, range(2, 9), 4)
     assert choice == toy_choice()
+
+
+# ----------------------------------------------------------------------------- drafting priced by the draft's profile
+
+
+@pytest.mark.parametrize("paths, tokens, rows", [
+    ((), 2.0, []),  # no tree: nothing drafted
+    (((0,), (1,), (2,)), 1.8, [1.8]),  # one level: the catch-up forward alone (it gives level 1's q)
+    (((0,), (0, 0), (0, 0, 0)), 2.5, [3.5, 2, 1]),  # chain: catch-up + pending, then one row per level
+    (((0,), (1,), (0, 0), (1, 0), (1, 1)), 2.0, [3.0, 3]),  # level 2 re-reads the pending row and level 1
+    (((0,), (1,), (0, 0), (0, 0, 0), (0, 0, 1)), 0.2, [1.2, 3, 1]),  # catch-up of fewer than one row: one
+])
+def test_draft_round_steps_counts_the_forwards_the_proposer_runs(paths, tokens, rows):
+    forwards: list[float] = []
+    cost = draft_round_steps(paths, tokens, lambda r: forwards.append(r) or 0.5 * r + 0.1)
+    assert forwards == pytest.approx([max(1.0, r) for r in rows])
+    assert cost == pytest.approx(sum(0.5 * max(1.0, r) + 0.1 for r in rows))
+
+
+def test_the_catch_up_is_priced_by_its_own_profile():
+    paths = ((0,), (1,), (0, 0), (1, 0), (1, 1))  # catch-up of G + 1 rows, then level 2 over 3 rows
+    verifies, extends = [], []
+    cost = draft_round_steps(paths, 2.0, lambda r: verifies.append(r) or r, lambda r: extends.append(r) or 0.1 * r)
+    assert extends == [3.0] and verifies == [3] and cost == pytest.approx(0.3 + 3)
+
+
+def test_optimize_prices_each_grid_tree_by_its_forwards():
+    p = selected_child_probs(TOY_H)
+    per_row = lambda r: 0.3 * r  # noqa: E731  a compute-bound draft: rows cost linearly
+    choice = optimize_tree(p, TOY_T.__getitem__, 123.0, range(2, 9), 4, draft_forward=per_row)
+    table = solve(p, 8, 4)
+    feasible = [g for g in choice.grid if g.expected_tokens is not None]
+    for g in feasible:
+        assert g.time == pytest.approx(TOY_T[g.n] + draft_round_steps(table.paths(g.n, g.d), g.expected_tokens, per_row))
+    assert choice.draft_model == PROFILED_DRAFT_MODEL and toy_choice().draft_model == FLAT_DRAFT_MODEL
+    assert all(g.time_per_token >= choice.time_per_token for g in feasible)  # c = 123 was not used
 
 
 # ----------------------------------------------------------------------------- hardware profile
@@ -160,6 +198,12 @@ def test_tree_artifact_refuses_other_inputs(tmp_path):
         load_tree_artifact(tmp_path / "tree", acceptance_manifest_hash="0" * 64)
     with pytest.raises(ArtifactError, match="hardware"):
         load_tree_artifact(tmp_path / "tree", hardware_manifest_hash="0" * 64)
+    with pytest.raises(ArtifactError, match="draft hardware"):  # priced flat: no draft profile to match
+        load_tree_artifact(tmp_path / "tree", draft_hardware_manifest_hash="d" * 64)
+    save_tree_artifact(tmp_path / "priced", toy_choice(), acc_hash, hw_hash, {}, draft_hardware_manifest_hash="d" * 64)
+    assert load_tree_artifact(tmp_path / "priced", draft_hardware_manifest_hash="d" * 64).draft_hardware_manifest_hash
+    with pytest.raises(ArtifactError, match="draft hardware"):
+        load_tree_artifact(tmp_path / "priced", draft_hardware_manifest_hash="e" * 64)
 
 
 def test_tree_hash_changes_with_every_input(tmp_path):
@@ -171,10 +215,12 @@ def test_tree_hash_changes_with_every_input(tmp_path):
         "acceptance": {**base, "acc": "a" * 64},
         "hardware": {**base, "hw": "b" * 64},
         "policy": {**base, "policy": {"verifier": "sequoia", "temperature": 0.7}},
+        "draft hardware": {**base, "draft": "c" * 64},
     }
     hashes = {}
     for name, v in variants.items():
-        hashes[name] = save_tree_artifact(tmp_path / name, v["choice"], v["acc"], v["hw"], v["policy"]).hash
+        hashes[name] = save_tree_artifact(tmp_path / name, v["choice"], v["acc"], v["hw"], v["policy"],
+                                          v.get("draft")).hash
     assert len(set(hashes.values())) == len(hashes)
     # Deterministic: the same inputs give the same hash (no timestamp in the hash).
     again = save_tree_artifact(tmp_path / "again", base["choice"], acc_hash, hw_hash, base["policy"])

@@ -36,6 +36,7 @@ DEFAULT_ROWS = (1, 2, 4, 8, 16, 32, 64)
 # how the samples were taken, in each profile's provenance: a cached profile sampled otherwise
 # (all repeats of one n back to back, before 2026-12-01) is measured again, not reused
 SAMPLING = "shuffled passes"
+EXTEND_SHAPE = "extend of n tokens, last row's logits"  # a profile's `shape` when it timed extends
 _CONTRACT = ProposerContract(ProbabilitySemantics.ABSENT, SamplingRelation.DETERMINISTIC_LOOKUP, TopologyKind.TREE)
 # realistic text for the prefix (attention cost grows with it; the content does not matter)
 _PREFIX_TEXT = (
@@ -89,9 +90,15 @@ def profile_verify_cost(
     repeats: int = 5,
     progress: Callable[[str], None] | None = None,
     chain: bool = False,
+    extend: bool = False,
 ) -> dict:
     """Median verify time per row count on a realistic prefix; the backend is reset first.
-    `chain`: time chains of n - 1 candidates instead of random trees."""
+    `chain`: time chains of n - 1 candidates instead of random trees.  `extend`: time an
+    extend of n tokens (the last row's logits only, then truncated back) instead of a verify:
+    what a draft model's catch-up over the tokens published since its last round costs, which
+    on a 150k-token vocabulary is well below a verify of as many rows (every row's logits)."""
+    if chain and extend:
+        raise ValueError("time chains or extends, not both")
     say = progress or (lambda message: None)
     text_ids = backend.tokenize(_PREFIX_TEXT, add_special=False)
     prefix = (text_ids * (prefix_len // len(text_ids) + 1))[:prefix_len]
@@ -101,19 +108,24 @@ def profile_verify_cost(
     rng = np.random.default_rng(0)
     rounds: dict[int, CompiledRound | None] = {}
     for n in rows:
-        if n == 1:
+        if n == 1 or extend:
             rounds[n] = None
         elif chain:
             rounds[n] = chain_round(backend.cached_len + 1, n - 1, backend.info.vocab_size)
         else:
             rounds[n] = random_tree(backend.cached_len + 1, n - 1, backend.info.vocab_size, rng)
+    base = backend.cached_len
     order_rng = np.random.default_rng(1)
     samples: dict[int, list[float]] = {n: [] for n in rows}
     for sweep in range(repeats + 1):  # sweep 0 is the warm-up
         for n in (rows if sweep == 0 else [rows[i] for i in order_rng.permutation(len(rows))]):
             start = time.perf_counter()
-            backend.verify(pending, rounds[n])
-            backend.rollback()
+            if extend:
+                backend.extend([pending, *prefix[: n - 1]])
+                backend.truncate(base)
+            else:
+                backend.verify(pending, rounds[n])
+                backend.rollback()
             if sweep:
                 samples[n].append(time.perf_counter() - start)
         if sweep:
@@ -141,10 +153,11 @@ def write_profile(
     repeats: int = 5,
     progress: Callable[[str], None] | None = print,
     chain: bool = False,
+    extend: bool = False,
 ) -> VerifyCostProfile:
     """Measure and save a verify_profile artifact in `out_dir`; progress is printed per n."""
-    measured = profile_verify_cost(backend, prefix_len, rows, repeats, progress, chain)
-    shape = "chain of n - 1 rows" if chain else "random tree of n - 1 rows, seed 0"
+    measured = profile_verify_cost(backend, prefix_len, rows, repeats, progress, chain, extend)
+    shape = (EXTEND_SHAPE if extend else "chain of n - 1 rows" if chain else "random tree of n - 1 rows, seed 0")
     profile = VerifyCostProfile.from_absolute(
         measured["rows"], measured["absolute_s"], model=measured["model"], backend=measured["backend"],
         threads=measured["threads"], machine=measured["machine"],

@@ -1,13 +1,15 @@
 """`--tree auto`: a draft-model tree chosen from measured artifacts, computed on first use.
 
-Three artifacts feed the choice, each cached under a directory keyed by the hash of what it
+Four artifacts feed the choice, each cached under a directory keyed by the hash of what it
 depends on, so another model, tokenizer, draft, backend, thread count or sampling policy
 lands in another directory and is never silently reused:
 
     verify profile   t(n) of the target on this backend and thread count (rows 1..max_nodes)
+    draft profiles   the same for the draft model: what each of its forwards costs (a verify
+                     of r rows for a level, an extend of r tokens for its catch-up)
     acceptance       positional acceptance of the draft's width-W depth-1 trees under the
                      policy, measured by real verification on the calibration prompts
-    tree             `optimize_tree` over both, bound to their manifest hashes
+    tree             `optimize_tree` over all three, bound to their manifest hashes
 
 A cached artifact is reused only if its manifest verifies (checksums) and its provenance
 names the same configuration; a tampered or foreign one is measured again.
@@ -79,7 +81,7 @@ def sampled_as_now(provenance: dict) -> bool:
 
 
 def ensure_profile(target: Backend, directory: Path, rows: Sequence[int], prefix_len: int, repeats: int,
-                   say: Callable[[str], None], chain: bool = False) -> VerifyCostProfile:
+                   say: Callable[[str], None], chain: bool = False, extend: bool = False) -> VerifyCostProfile:
     """The verify profile in `directory`, measured now unless a valid one for this target and
     backend covering `rows` is there already."""
     wanted = [int(n) for n in rows]
@@ -93,7 +95,7 @@ def ensure_profile(target: Backend, directory: Path, rows: Sequence[int], prefix
             return profile
     say(f"measuring the verify cost of {target.info.checkpoint} (rows {wanted[0]}..{wanted[-1]})")
     return write_profile(target, directory, prefix_len=prefix_len, rows=wanted, repeats=repeats, progress=say,
-                         chain=chain)
+                         chain=chain, extend=extend)
 
 
 def gate_rows(max_rows: int) -> tuple[int, ...]:
@@ -137,9 +139,17 @@ def auto_tree(
     key = configuration_key(target, draft, policy, config, calibration_prompts)
     root = Path(cache_root) / stable_hash(key)[:20]
     profile_dir, acceptance_dir, tree_dir = root / "profile", root / "acceptance", root / "tree"
+    draft_profile_dir, draft_catch_up_dir = root / "draft_profile", root / "draft_catch_up"
 
     ensure_profile(target, profile_dir, tuple(range(1, config.max_nodes + 1)), config.profile_prefix_len,
                    config.profile_repeats, say)
+    # the draft's own forwards price the drafting (`select.draft_round_steps`): a level of the
+    # widest tree re-reads up to max_nodes rows (timed as chains, which any draft context holds:
+    # a chain-only llama.cpp draft has no tree sequences), a catch-up extends up to max_depth + 2.
+    ensure_profile(draft, draft_profile_dir, tuple(range(1, config.max_nodes + 1)),
+                   config.profile_prefix_len, config.profile_repeats, say, chain=True)
+    ensure_profile(draft, draft_catch_up_dir, tuple(range(1, config.max_depth + 3)),
+                   config.profile_prefix_len, config.profile_repeats, say, extend=True)
     if not artifact_matches(acceptance_dir, "acceptance",
                   lambda p: p.get("policy") == policy.as_dict() and p.get("target") == target.info.checkpoint
                   and p.get("workload_hash") == key["calibration_prompts"]):
@@ -151,13 +161,16 @@ def auto_tree(
         counts = calibrate(decoder, calibration_prompts, config.width, 1)
         provenance = calibration_provenance(decoder, counts, "auto", calibration_prompts, key["threads"])
         profile_from_counts(counts, provenance).save(acceptance_dir)
-    acceptance_hash = read_manifest(acceptance_dir).hash
-    profile_hash = read_manifest(profile_dir).hash
+    hashes = {"acceptance_manifest_hash": read_manifest(acceptance_dir).hash,
+              "hardware_manifest_hash": read_manifest(profile_dir).hash,
+              "draft_hardware_manifest_hash": read_manifest(draft_profile_dir).hash,
+              "draft_catch_up_manifest_hash": read_manifest(draft_catch_up_dir).hash}
     try:
-        return load_tree_artifact(tree_dir, acceptance_manifest_hash=acceptance_hash, hardware_manifest_hash=profile_hash)
+        return load_tree_artifact(tree_dir, **hashes)
     except ArtifactError:
         pass
     say("optimizing the tree for predicted time per committed token")
     shutil.rmtree(tree_dir, ignore_errors=True)
-    optimize_from_artifacts(acceptance_dir, profile_dir, tree_dir, max_depth=config.max_depth, max_nodes=config.max_nodes)
-    return load_tree_artifact(tree_dir, acceptance_manifest_hash=acceptance_hash, hardware_manifest_hash=profile_hash)
+    optimize_from_artifacts(acceptance_dir, profile_dir, tree_dir, max_depth=config.max_depth, max_nodes=config.max_nodes,
+                            draft_profile_dir=draft_profile_dir, draft_catch_up_dir=draft_catch_up_dir)
+    return load_tree_artifact(tree_dir, **hashes)
