@@ -1,7 +1,8 @@
 """Replay predictions against speedups measured by `draftwise bench`.
 
 Takes a committed bench run (a results directory): decodes its prompts plainly once on the
-same backend and settings (the traces `--proposer auto` uses), replays every draftwise method
+same backend and settings (the traces `--proposer auto` uses; every turn of a multi-turn
+question, each later turn after plain decoding's own earlier answers), replays every draftwise method
 of the run that a trace can replay (plain, prompt lookup, REST, a greedy draft chain; gated or
 not), and sets each predicted speedup (Spec-Bench's: per-prompt tok/s averaged, over plain's)
 beside the measured one.  `--as PEER=CONFIG` predicts a peer as the draftwise configuration
@@ -45,6 +46,34 @@ def measured_tokens_per_s(run: Path, method: str, ids: list[str]) -> list[float]
         turn = answer["choices"][0]
         rows[answer["question_id"]] = sum(turn["new_tokens"]) / sum(turn["wall_time"])
     return [rows[i] for i in ids]
+
+
+def every_turn_traces(target, questions, generation: GenerationConfig, root: Path) -> tuple[list, list[int]]:
+    """Plain traces of every turn of every question, as the bench decodes them: a later turn's
+    prompt holds the earlier turns with plain decoding's own answers (under greedy each exact
+    method's answers, near-ties aside; under sampling answers of the same distribution).  Only
+    first turns were replayed before, which left out the second turns of Spec-Bench, where a
+    rewrite of the first answer is what prompt lookup copies best.  Returns the traces and the
+    question index each belongs to."""
+    traces, owner, answers = [], [], {i: [] for i in range(len(questions))}
+    for turn in range(max(len(q.turns) for q in questions)):
+        asked = [i for i, q in enumerate(questions) if turn < len(q.turns)]
+        prompts = [target.chat_prompt(messages_for(questions[i], turn, answers[i])) for i in asked]
+        directory = root / "traces" / stable_hash(trace_key(target, prompts, generation))[:20]
+        for i, trace in zip(asked, ensure_traces(target, prompts, generation, directory, print)):
+            answers[i].append(target.detokenize([t for t in trace.tokens if t not in target.info.eos_token_ids]))
+            traces.append(trace)
+            owner.append(i)
+    return traces, owner
+
+
+def per_question_tokens_per_s(result, owner: list[int], questions: int) -> list[float]:
+    """Predicted tok/s of each question over all its turns, as the bench measures it."""
+    seconds, tokens = [0.0] * questions, [0] * questions
+    for i, s, n in zip(owner, result.seconds, result.tokens):
+        seconds[i] += s
+        tokens[i] += n
+    return [n / s for n, s in zip(tokens, seconds)]
 
 
 def same_configuration(a: DecoderSpec, b: DecoderSpec) -> bool:
@@ -92,11 +121,9 @@ def main() -> None:
     draft = (load_backend(run["draft"], args.backend, run["threads"], progress=print, max_tree_leaves=0)
              if any(s.proposer == "draft-model" for s in methods.values()) else None)
     questions = parse_workloads(args.workload or run["workloads"]).questions
-    prompts = [target.chat_prompt(messages_for(q, 0, [])) for q in questions]
     ids = [q.question_id for q in questions]
     root = cache_dir().parent / "auto"
-    traces = ensure_traces(target, prompts, generation,
-                           root / "traces" / stable_hash(trace_key(target, prompts, generation))[:20], print)
+    traces, owner = every_turn_traces(target, questions, generation, root)
 
     config = AutoTreeConfig()
     max_rows = max(1 + candidate_rows(spec) for spec in methods.values())
@@ -109,7 +136,8 @@ def main() -> None:
         print(f"replaying {name}")
         result = replay_candidate(replace(spec, gate=str(profile_dir) if spec.gate else None), target, draft, traces,
                                   generation.max_new_tokens, profile)
-        predicted[name] = (statistics.mean(result.tokens_per_s), result.mean_accepted)
+        predicted[name] = (statistics.mean(per_question_tokens_per_s(result, owner, len(questions))),
+                           result.mean_accepted)
     plain_predicted = predicted[plain_name][0]
     plain_measured = statistics.mean(measured_tokens_per_s(args.measured, plain_name, ids))
     measured = {}

@@ -5,11 +5,12 @@ Cost model (one round, in plain-decoding steps, so t(1) = 1 is one ordinary deco
     time per token = time(n, d) / G(n, d)
     speedup        = G(n, d) / time(n, d)   (over plain decoding, which commits 1 token per t(1))
 D is d * c with c one draft step (the flat model, and the toy oracle's), or, given the draft's
-own verify profile t_d(r), the forwards the draft-model proposer really runs (`draft_round_steps`):
-a draft on a CPU is compute-bound like the target, so a forward of r rows costs about r times
-one row, and a wide level costs more than a narrow one.  A flat c calibrated on width-4 trees
-priced a one-token chain's drafting at 2.8 target steps where it ran in about 1 (T = 1, Qwen
-pair, llama.cpp, two threads).
+own profiles (a verify of r rows, an extend of r tokens), the forwards the draft-model
+proposer really runs (`draft_round_steps`): a draft on a CPU is compute-bound like the
+target, so a wide level costs more than a narrow one, and a catch-up more the more tokens the
+last round published.  A flat c calibrated on width-4 trees priced a one-token chain's
+drafting at 2.7 target steps where the round-cost ledger measured 1.1 (T = 1, Qwen pair,
+llama.cpp, two threads; benchmarks/tree_grid_t1).
 G(n, d) is Sequoia's optimum (`sequoia_dp`): expected tokens committed per round.  A longer
 acceptance length is worth nothing if verification and drafting eat it: the round cost, not
 G alone, decides, which is why every grid point is kept for plotting.
@@ -77,8 +78,8 @@ class TreeChoice:
     n: int  # nodes including the root: rows per verification
     d: int  # depth = draft steps
     expected_tokens: float  # G
-    time_per_token: float  # (t(n) + d c) / G, plain-decoding steps per committed token
-    speedup: float  # G / (t(n) + d c)
+    time_per_token: float  # (t(n) + D) / G, plain-decoding steps per committed token
+    speedup: float  # G / (t(n) + D)
     paths: Paths  # Medusa/vLLM slot paths, root excluded, parent before child
     draft_cost: float  # c used (by the flat model only)
     grid: tuple[GridPoint, ...]  # every (n, d) considered, row-major in n then d
