@@ -38,7 +38,7 @@ from draftwise.optimize.acceptance import AcceptanceProfile
 from draftwise.optimize.auto import AutoTreeConfig, auto_tree
 from draftwise.optimize.calibrate import relation_for
 from draftwise.optimize.hardware import VerifyCostProfile
-from draftwise.optimize.select import draft_round_steps
+from draftwise.optimize.select import draft_round_steps, draft_steps
 from draftwise.optimize.sequoia_dp import solve
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer
 from draftwise.sampling import SamplingPolicy
@@ -100,8 +100,7 @@ def main() -> None:
     catch_up_cost = VerifyCostProfile.load(root / "draft_catch_up")
     # two pricings of the drafting, side by side on the same measurements: the draft's own
     # forwards (what the optimizer uses) and the flat c per depth from the calibration rounds
-    draft_forward = lambda rows: draft_cost.absolute_at(rows) / cost.absolute_at(1)  # noqa: E731
-    catch_up = lambda rows: catch_up_cost.absolute_at(rows) / cost.absolute_at(1)  # noqa: E731
+    draft_forward, catch_up = draft_steps(draft_cost, cost), draft_steps(catch_up_cost, cost)
     c = float(acceptance.provenance["draft_step_seconds"]) / cost.absolute_at(1)
     table = solve(acceptance.matrix, max(GRID_N), max(GRID_D))
 
@@ -168,9 +167,8 @@ def main() -> None:
         "temperature": args.temperature, "seed": args.seed,
         "acceptance_p": acceptance.p, "acceptance_reached": acceptance.reached_counts,
         "draft_cost_c": c, "verify_profile": dict(zip(map(str, cost.rows), cost.relative)),
-        "draft_profile": dict(zip(map(str, draft_cost.rows), (s / cost.absolute_at(1) for s in draft_cost.absolute_s))),
-        "draft_catch_up_profile": dict(zip(map(str, catch_up_cost.rows),
-                                           (s / cost.absolute_at(1) for s in catch_up_cost.absolute_s))),
+        "draft_profile": {str(r): draft_forward(r) for r in draft_cost.rows},
+        "draft_catch_up_profile": {str(r): catch_up(r) for r in catch_up_cost.rows},
         "plain_seconds_per_token": plain_spt, "grid": rows,
         "median_relative_error": float(np.median([r["relative_error"] for r in rows])),
         "median_relative_error_flat": float(np.median([r["relative_error_flat"] for r in rows])),

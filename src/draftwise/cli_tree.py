@@ -98,7 +98,7 @@ def optimize(
     out: Path = typer.Option(..., help="Directory for the tree artifact."),
 ) -> None:
     """Pick (n, d) and the Sequoia tree with the least predicted time per committed token."""
-    from draftwise.optimize.select import optimize_from_artifacts
+    from draftwise.optimize.select import FLAT_DRAFT_MODEL, optimize_from_artifacts
 
     try:
         choice, manifest = optimize_from_artifacts(acceptance, profile, out, max_depth=max_depth, max_nodes=max_nodes,
@@ -107,7 +107,8 @@ def optimize(
     except (ValueError, ArtifactError, OSError) as exc:
         _fail(str(exc))
         return
-    table = Table("n", "best d", "G", "t(n)+dc" if draft_profile is None else "t(n)+draft", "predicted speedup")
+    flat = choice.draft_model == FLAT_DRAFT_MODEL
+    table = Table("n", "best d", "G", "t(n)+dc" if flat else "t(n)+draft", "predicted speedup")
     for n in sorted({pt.n for pt in choice.grid}):
         points = [pt for pt in choice.grid if pt.n == n and pt.speedup is not None]
         if points:
@@ -116,6 +117,6 @@ def optimize(
     Console().print(table)
     Console().print(f"chosen: n={choice.n} d={choice.d} G={choice.expected_tokens:.4f} "
                     f"predicted speedup {choice.speedup:.3f} "
-                    f"({f'c={choice.draft_cost:.4f}' if draft_profile is None else 'draft priced by its profile'}); "
+                    f"({f'c={choice.draft_cost:.4f}' if flat else 'draft priced by its profile'}); "
                     f"paths {list(map(list, choice.paths))}")
     Console().print(f"saved {out} (manifest {manifest.hash[:12]}…); use it with `draftwise generate --tree {out}`")

@@ -232,6 +232,22 @@ def check_draft_profile(acceptance: Mapping[str, Any], target: VerifyCostProfile
         raise ValueError("pricing the draft by its profile needs measured seconds in both profiles")
 
 
+def draft_steps(draft: VerifyCostProfile, target: VerifyCostProfile) -> Callable[[float], float]:
+    """A draft profile as r -> plain target steps (its seconds over the target's t(1)): what
+    `draft_round_steps` takes for a verify or a catch-up."""
+    step = target.absolute_at(1)
+    return lambda rows: draft.absolute_at(rows) / step
+
+
+def load_draft_steps(directory: Path, acceptance: Mapping[str, Any],
+                     target: VerifyCostProfile) -> tuple[Callable[[float], float], str]:
+    """A draft profile artifact, checked against the calibration and the target's profile, as
+    `draft_steps`, with its manifest hash (which the tree artifact binds)."""
+    draft = VerifyCostProfile.load(directory)
+    check_draft_profile(acceptance, target, draft)
+    return draft_steps(draft, target), read_manifest(directory).hash
+
+
 def optimize_from_artifacts(
     acceptance_dir: Path, profile_dir: Path, out: Path, *, max_depth: int,
     max_nodes: int | None = None, draft_cost: float | None = None, draft_profile_dir: Path | None = None,
@@ -253,16 +269,10 @@ def optimize_from_artifacts(
     if draft_profile_dir is not None:
         if draft_cost is not None:
             raise ValueError("give a flat draft cost or a draft profile, not both")
-        draft = VerifyCostProfile.load(draft_profile_dir)
-        check_draft_profile(acceptance.provenance, cost, draft)
-        step = cost.absolute_at(1)
-        draft_forward = lambda rows: draft.absolute_at(rows) / step  # noqa: E731
-        draft_cost, draft_hash = 0.0, read_manifest(draft_profile_dir).hash
+        draft_cost = 0.0
+        draft_forward, draft_hash = load_draft_steps(draft_profile_dir, acceptance.provenance, cost)
         if draft_catch_up_dir is not None:
-            catch_up = VerifyCostProfile.load(draft_catch_up_dir)
-            check_draft_profile(acceptance.provenance, cost, catch_up)
-            draft_catch_up = lambda rows: catch_up.absolute_at(rows) / step  # noqa: E731
-            catch_up_hash = read_manifest(draft_catch_up_dir).hash
+            draft_catch_up, catch_up_hash = load_draft_steps(draft_catch_up_dir, acceptance.provenance, cost)
     elif draft_cost is None:
         if cost.absolute_s is None or "draft_step_seconds" not in acceptance.provenance:
             raise ValueError("no measured draft cost: pass --draft-cost (plain-step units)")
