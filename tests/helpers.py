@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from draftwise.contracts import (
     ProbabilitySemantics,
@@ -52,3 +52,11 @@ def path_to(round_, row: int) -> list[int]:
         rows.insert(0, int(row))
         row = int(round_.parent[row])
     return rows
+
+
+def make_spec(generation: Any = None, **options: Any) -> "DecoderSpec":
+    """A DecoderSpec from the same KEY=VALUE options the CLI and the bench take."""
+    from draftwise.spec import DecoderSpec, spec_from_options
+
+    base = DecoderSpec() if generation is None else DecoderSpec(generation=generation)
+    return spec_from_options({k: str(v) for k, v in options.items()}, base)

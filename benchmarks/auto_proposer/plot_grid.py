@@ -27,7 +27,7 @@ def grid_points(run: dict, predictions: dict) -> list[dict]:
         spec = specs.get(row["method"])
         if spec is None or spec.proposer != "prompt-lookup" or spec.gate:
             continue
-        d, c = spec.prompt_lookup.num_tokens, spec.prompt_lookup.max_candidates
+        d, c = spec.family_config.num_tokens, spec.family_config.max_candidates
         points.append({**row, "d": d, "candidates": c, "n": 1 + d * c})
     return points
 

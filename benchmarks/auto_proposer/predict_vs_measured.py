@@ -27,11 +27,13 @@ from pathlib import Path
 from draftwise.artifacts import stable_hash
 from draftwise.bench.methods import MethodDefaults, parse_method
 from draftwise.bench.workloads import messages_for, parse_workloads
-from draftwise.build import DecoderSpec, load_backend, tree_leaves_needed
+from draftwise.build import load_backend
+from draftwise.resolve import branches
+from draftwise.spec import CALIBRATION_WORKLOAD, DecoderSpec, GateProfile, spec_from_options
 from draftwise.engine import GenerationConfig
 from draftwise.models import cache_dir
 from draftwise.optimize.auto import AutoTreeConfig, auto_gate_directory, ensure_profile, gate_rows
-from draftwise.optimize.auto_proposer import (CALIBRATION_WORKLOAD, candidate_rows, choose_proposer, ensure_traces,
+from draftwise.optimize.auto_proposer import (candidate_rows, choose_proposer, ensure_traces,
                                               replay_candidate, trace_key)
 from draftwise.sampling import SamplingPolicy
 
@@ -77,8 +79,7 @@ def per_question_tokens_per_s(result, owner: list[int], questions: int) -> list[
 
 
 def same_configuration(a: DecoderSpec, b: DecoderSpec) -> bool:
-    return (a.proposer, a.gate is not None, a.prompt_lookup, a.index) == (b.proposer, b.gate is not None,
-                                                                           b.prompt_lookup, b.index)
+    return (a.proposer, a.gate is not None, a.family_config) == (b.proposer, b.gate is not None, b.family_config)
 
 
 def main() -> None:
@@ -103,23 +104,22 @@ def main() -> None:
                              name=method.name)
         spec = method.decoder
         if (method.kind != "dw" or spec.backend != args.backend or spec.proposer not in REPLAYABLE
-                or (spec.proposer == "draft-model" and (spec.tree or not policy.greedy))):
+                or (spec.uses_draft_model and (spec.family_config.tree or not policy.greedy))):
             continue
         methods[method.name] = spec
     plain_name = next(name for name, spec in methods.items() if spec.proposer == "none")
 
-    contexts = {}  # leaves -> target: each method's profile is measured on a context like the one it ran on
+    contexts = {}  # shape -> target: each method's profile is measured on a context like the one it ran on
 
     def target_for(spec: DecoderSpec):
-        leaves = tree_leaves_needed(spec)
-        if leaves not in contexts:
-            contexts[leaves] = load_backend(run["target"], args.backend, run["threads"], progress=print,
-                                            max_tree_leaves=leaves)
-        return contexts[leaves]
+        shape = branches(spec)
+        if shape not in contexts:
+            contexts[shape] = load_backend(run["target"], args.backend, run["threads"], progress=print)
+        return contexts[shape]
 
     target = target_for(methods[plain_name])  # the traces: plain decoding on plain's own context
-    draft = (load_backend(run["draft"], args.backend, run["threads"], progress=print, max_tree_leaves=0)
-             if any(s.proposer == "draft-model" for s in methods.values()) else None)
+    draft = (load_backend(run["draft"], args.backend, run["threads"], progress=print)
+             if any(s.uses_draft_model for s in methods.values()) else None)
     questions = parse_workloads(args.workload or run["workloads"]).questions
     ids = [q.question_id for q in questions]
     root = cache_dir().parent / "auto"
@@ -129,12 +129,12 @@ def main() -> None:
     max_rows = max(1 + candidate_rows(spec) for spec in methods.values())
     predicted, rows = {}, []
     for name, spec in methods.items():
-        chain = tree_leaves_needed(spec) == 0  # each method's own shape, as its gate would measure it
+        chain = not branches(spec)  # each method's own shape, as its gate would measure it
         profile_dir = auto_gate_directory(target, max_rows, root, config, chain)
         profile = ensure_profile(target_for(spec), profile_dir, gate_rows(max_rows), config.profile_prefix_len,
                                  config.profile_repeats, print, chain)
         print(f"replaying {name}")
-        result = replay_candidate(replace(spec, gate=str(profile_dir) if spec.gate else None), target, draft, traces,
+        result = replay_candidate(replace(spec, gate=GateProfile(profile_dir) if spec.gate else None), target, draft, traces,
                                   generation.max_new_tokens, profile)
         predicted[name] = (statistics.mean(per_question_tokens_per_s(result, owner, len(questions))),
                            result.mean_accepted)
@@ -149,8 +149,8 @@ def main() -> None:
                      "relative_error": round(abs(speedup - measured[name]) / measured[name], 4),
                      "predicted_accepted_per_round": round(predicted[name][1], 3)})
 
-    auto = choose_proposer(DecoderSpec(target=run["target"], backend=args.backend, proposer="auto",
-                                       generation=generation), target, None,
+    auto = choose_proposer(spec_from_options({"proposer": "auto"}, DecoderSpec(target=run["target"], backend=args.backend,
+                                                                               generation=generation)), target, None,
                            [target.chat_prompt(messages_for(q, 0, [])) for q in
                             parse_workloads([CALIBRATION_WORKLOAD]).questions], root, progress=print)
     pick = next((name for name, spec in methods.items() if same_configuration(spec, auto.spec)), None)

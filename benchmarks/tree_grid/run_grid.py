@@ -37,7 +37,7 @@ from draftwise.engine import GenerationConfig, SpeculativeDecoder
 from draftwise.optimize.acceptance import AcceptanceProfile
 from draftwise.optimize.auto import AutoTreeConfig, auto_tree
 from draftwise.optimize.calibrate import relation_for
-from draftwise.optimize.hardware import VerifyCostProfile
+from draftwise.cost_profile import VerifyCostProfile
 from draftwise.optimize.select import draft_round_steps, draft_steps
 from draftwise.optimize.sequoia_dp import solve
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer
@@ -89,8 +89,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     policy = SamplingPolicy(temperature=args.temperature)
-    target = load_backend("qwen2.5-coder-1.5b", args.backend, args.threads, progress=say, max_tree_leaves=16)
-    draft = load_backend("qwen2.5-coder-0.5b", args.backend, args.threads, progress=say, max_tree_leaves=64)
+    target = load_backend("qwen2.5-coder-1.5b", args.backend, args.threads, progress=say)
+    draft = load_backend("qwen2.5-coder-0.5b", args.backend, args.threads, progress=say)
     chat = lambda spec: [target.chat_prompt(messages_for(q, 0, [])) for q in parse_workload(spec).questions]  # noqa: E731
     artifact = auto_tree(target, draft, policy, chat(args.calibration), args.out / "artifacts", CONFIG, progress=say)
     root = artifact.directory.parent

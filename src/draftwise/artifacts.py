@@ -17,12 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from draftwise.errors import ArtifactError
+
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
-
-
-class ArtifactError(ValueError):
-    """A missing, corrupt, tampered or mismatched artifact."""
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:

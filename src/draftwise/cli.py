@@ -1,4 +1,6 @@
-"""The `draftwise` command.  Thin: it parses, builds through `draftwise.build`, and prints."""
+"""The `draftwise` command.  Thin: it parses options into a spec, opens it through
+`draftwise.api.open_decoder`, and prints.  A `DraftwiseError` is one line and exit code 2;
+anything else is a bug and keeps its traceback."""
 
 from __future__ import annotations
 
@@ -13,22 +15,16 @@ from rich.console import Console
 from rich.table import Table
 
 from draftwise import models
-from draftwise.backends.base import LLAMACPP_MAX_SEQUENCES
-from draftwise.build import (
-    DecoderSpec,
-    build_decoder,
-    draft_leaves_needed,
-    load_backend,
-    preflight,
-    tree_leaves_needed,
-    unused_options,
-)
+from draftwise.api import open_decoder
+from draftwise.build import load_backend
 from draftwise.engine import GenerationConfig, GenerationResult
-from draftwise.optimize.auto_proposer import CALIBRATION_WORKLOAD, auto_preflight
-from draftwise.optimize.calibrate import relation_for
-from draftwise.proposers.draft_model import DraftConfig
-from draftwise.proposers.prompt_lookup import PromptLookupConfig
-from draftwise.sampling import PolicyError, SamplingPolicy
+from draftwise.errors import DraftwiseError, InputError
+from draftwise.options import config_help
+from draftwise.proposers.registry import DRAFTERS
+from draftwise.sampling import SamplingPolicy
+from draftwise.spec import CALIBRATION_WORKLOAD, DecoderSpec, spec_from_options
+from draftwise.text_stream import TextStream
+from draftwise.verify.registry import VERIFIERS
 
 app = typer.Typer(help="Exact speculative decoding, chosen by measured time per committed token.", no_args_is_help=True)
 models_app = typer.Typer(help="Embedded model aliases: list, pull, verify.", no_args_is_help=True)
@@ -52,23 +48,29 @@ def generate(
     prompt: str = typer.Argument(..., help="Prompt text (use --chat to wrap it in the model's chat template)."),
     chat: bool = typer.Option(False, "--chat", help="Apply the model's chat template."),
     target: str = typer.Option(DEFAULTS.target, help="Target model: alias, .gguf file, directory or hub id."),
-    draft: Optional[str] = typer.Option(None, help="Draft model for --proposer draft-model."),
+    draft: Optional[str] = typer.Option(None, help="Draft model, for a proposer that drafts with one (draft-model)."),
     backend: str = typer.Option(DEFAULTS.backend, help="auto | transformers | llamacpp."),
-    proposer: str = typer.Option(DEFAULTS.proposer, help="none | prompt-lookup | draft-model | rest | auto (the best predicted on this machine, from plain traces of --calibration-workload)."),
-    verifier: str = typer.Option(DEFAULTS.verifier, help="auto | greedy | membership | rejection | specinfer | sequoia | spectr | typical."),
+    proposer: str = typer.Option(DEFAULTS.proposer, help=f"{' | '.join(DRAFTERS.choices())} (auto: the best predicted "
+                                 "on this machine, from plain traces of --calibration-workload); "
+                                 "`draftwise proposers` lists each one's keys."),
+    verifier: str = typer.Option(DEFAULTS.verifier, help=f"auto | {' | '.join(VERIFIERS)}."),
     allow_heuristic: bool = typer.Option(False, "--allow-heuristic", help="Permit a heuristic (inexact) verifier."),
     temperature: float = typer.Option(0.0, help="0 = greedy."),
     top_p: float = typer.Option(1.0),
     top_k: int = typer.Option(0, help="0 disables top-k."),
     seed: int = typer.Option(0),
     max_new_tokens: int = typer.Option(GenerationConfig().max_new_tokens),
-    draft_k: int = typer.Option(DraftConfig().k, help="Draft chain length."),
-    tree: Optional[str] = typer.Option(None, help="Draft tree: chain:4, wbd:2,2,1, cartesian:3,2,2, JSON paths, or a `tree optimize` directory."),
-    relation: str = typer.Option(DEFAULTS.relation, help="Draft tree children: iid | without_replacement | beam."),
-    lookup_tokens: int = typer.Option(PromptLookupConfig().num_tokens, help="Prompt lookup tokens per proposal."),
-    lookup_ngram: int = typer.Option(PromptLookupConfig().max_ngram, help="Prompt lookup max n-gram size."),
-    lookup_candidates: int = typer.Option(PromptLookupConfig().max_candidates, help=">1: a tree of that many continuations."),
-    index: Optional[str] = typer.Option(None, help="REST datastore for --proposer rest."),
+    settings: list[str] = typer.Option([], "--set", help="Drafter or decoder key KEY=VALUE (repeatable), e.g. "
+                                       "--set k=4 --set tree=wbd:2,2,1; `draftwise proposers` lists the keys."),
+    draft_k: Optional[int] = typer.Option(None, help="Draft chain length (= --set k=N)."),
+    tree: Optional[str] = typer.Option(None, help="Draft tree (= --set tree=...): chain:4, wbd:2,2,1, cartesian:3,2,2, "
+                                       "JSON paths, a `tree optimize` directory, or auto."),
+    relation: Optional[str] = typer.Option(None, help="Draft tree children (= --set relation=...): iid | "
+                                           "without_replacement | beam."),
+    lookup_tokens: Optional[int] = typer.Option(None, help="Prompt lookup tokens per proposal (= --set lookup=N)."),
+    lookup_ngram: Optional[int] = typer.Option(None, help="Prompt lookup max n-gram size (= --set ngram=N)."),
+    lookup_candidates: Optional[int] = typer.Option(None, help=">1: a tree of that many continuations (= --set candidates=N)."),
+    index: Optional[str] = typer.Option(None, help="REST datastore for --proposer rest (= --set index=DIR)."),
     gate: Optional[str] = typer.Option(None, help="Cost gate: verify only as deep as the measured t(n) and recent acceptance pay for; auto (measured once, cached) or a verify_profile directory."),
     threads: Optional[int] = typer.Option(None, help="CPU threads (default: all cores)."),
     stop: list[str] = typer.Option([], help="Stop string (repeatable)."),
@@ -77,55 +79,39 @@ def generate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text and stats."),
 ) -> None:
     """Generate text with speculative decoding and print the statistics."""
+    named = {"proposer": proposer, "k": draft_k, "tree": tree, "relation": relation, "lookup": lookup_tokens,
+             "ngram": lookup_ngram, "candidates": lookup_candidates, "index": index, "gate": gate,
+             "calibration": calibration_workload if proposer == "auto" else None}
     try:
         policy = SamplingPolicy(temperature=temperature, top_k=top_k, top_p=top_p)
-        spec = DecoderSpec(
-            target=target, backend=backend, proposer=proposer, draft=draft, verifier=verifier,
-            prompt_lookup=PromptLookupConfig(lookup_tokens, lookup_ngram, lookup_candidates),
-            draft_config=replace(DraftConfig(), k=draft_k), tree=tree, relation=relation, index=index, gate=gate,
-            threads=threads,
-            generation=GenerationConfig(max_new_tokens=max_new_tokens, policy=policy, seed=seed, stop_strings=tuple(stop),
-                                        exact=not allow_heuristic),
-        )
-        unused = unused_options(spec)
-        if unused:
-            raise ValueError("; ".join(unused))
-        auto = tree == "auto"
-        if auto:  # the tree is chosen after loading; its contract is known now
-            spec = replace(spec, tree=AUTO_PLACEHOLDER, relation=relation_for(policy).value)
-        auto_proposer = proposer == "auto"
-        if auto_proposer:  # every candidate is checked against the verifier before any model is loaded
-            leaves = auto_preflight(spec)
-        else:
-            verifier_name = preflight(spec)  # refuses incompatible pairs before any model is loaded
-            leaves = tree_leaves_needed(spec)
+        base = DecoderSpec(target=target, backend=backend, draft=draft, verifier=verifier, threads=threads,
+                           generation=GenerationConfig(max_new_tokens=max_new_tokens, policy=policy, seed=seed,
+                                                       stop_strings=tuple(stop), exact=not allow_heuristic))
+        options = {k: str(v) for k, v in named.items() if v is not None}
+        for key, value in parse_settings(settings).items():
+            if key in options and key != "proposer":
+                raise InputError(f"{key} is given twice (an option and --set {key}=...)")
+            options[key] = value
+        spec = spec_from_options(options, base)
         _quiet_llama_cpp()
         say = None if as_json else (lambda m: err.print(f"[dim]{m}[/]"))
-        target_backend = load_backend(target, backend, threads, progress=say, max_tree_leaves=leaves)
-        draft_backend = (load_backend(draft, backend, threads, progress=say, max_tree_leaves=draft_leaves_needed(spec))
-                         if proposer in ("draft-model", "auto") and draft else None)
-        if auto:
-            spec = _auto_tree_spec(spec, target_backend, draft_backend, calibration_workload, say)
-        if auto_proposer:
-            spec = _auto_proposer_spec(spec, target_backend, draft_backend, calibration_workload, say)
-            verifier_name = preflight(spec)
-        decoder = build_decoder(spec, target_backend, draft_backend, progress=say)
-        prompt_ids = target_backend.chat_prompt([{"role": "user", "content": prompt}]) if chat else target_backend.tokenize(prompt)
-        if not decoder.verifier.capabilities.exact and not as_json:  # said before a single token is printed
+        decoder = open_decoder(spec, progress=say, calibration=calibration_workload)
+        prompt_ids = decoder.prompt_ids(prompt, chat)
+        if not decoder.engine.verifier.capabilities.exact and not as_json:  # said before a single token is printed
             err.print("[bold yellow]warning:[/] a heuristic verifier makes this output: it is NOT distributed "
                       "as the target model alone")
+        target_backend = decoder.target
         stream = None if as_json else TextStream(target_backend.detokenize, target_backend.info.eos_token_ids, sys.stdout)
         result = decoder.generate(prompt_ids, on_tokens=None if stream is None else stream.on_tokens)
         if stream is not None:
             stream.finish()
-        plain = None
-        if compare_ar:
-            plain_spec = replace(spec, proposer="none", verifier="auto", gate=None)
-            plain = build_decoder(plain_spec, target_backend).generate(prompt_ids)
-    except (ValueError, RuntimeError, PolicyError) as exc:
+        plain = decoder.plain().generate(prompt_ids) if compare_ar else None
+    except DraftwiseError as exc:
         _fail(str(exc))
         return
-    report = _report(result, plain, policy, verifier_name)
+    report = _report(result, plain, policy, decoder.verifier)
+    if decoder.choices:
+        report["auto_choices"] = {c.what: c.chosen for c in decoder.choices}
     if as_json:
         print(json.dumps(report))
     else:
@@ -133,64 +119,38 @@ def generate(
         _print_stats(report)
 
 
-AUTO_PLACEHOLDER = "cartesian:2,2"  # any multi-level template: its contract is the one auto trees declare
+def parse_settings(settings: list[str]) -> dict[str, str]:
+    """--set KEY=VALUE items (a value may hold commas and '=': tree=wbd:2,2,1)."""
+    values: dict[str, str] = {}
+    for item in settings:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--set {item!r}: expected KEY=VALUE")
+        if key.strip() in values:
+            raise InputError(f"--set {key.strip()} given twice")
+        values[key.strip()] = value.strip()
+    return values
 
 
-def _auto_tree_spec(spec: DecoderSpec, target_backend, draft_backend, workload: str, say) -> DecoderSpec:
-    """Resolve `--tree auto` to the cached (or freshly measured) optimal tree artifact."""
-    from draftwise.bench.workloads import messages_for, parse_workload
-    from draftwise.models import cache_dir
-    from draftwise.optimize.auto import auto_tree
-
-    if spec.proposer != "draft-model" or draft_backend is None:
-        raise ValueError("--tree auto chooses a draft-model tree: pass --proposer draft-model --draft MODEL")
-    prompts = [target_backend.chat_prompt(messages_for(q, 0, [])) for q in parse_workload(workload).questions]
-    artifact = auto_tree(target_backend, draft_backend, spec.generation.policy, prompts,
-                         cache_dir().parent / "auto", progress=say)
-    choice = artifact.choice
-    (say or (lambda m: None))(f"auto tree: n={choice.n} d={choice.d}, predicted speedup {choice.speedup:.2f}")
-    if choice.n == 1:  # measured: no tree beats plain decoding here
-        return replace(spec, proposer="none", tree=None)
-    return replace(spec, tree=str(artifact.directory))
+@app.command()
+def proposers() -> None:
+    """List the drafter families and the keys each one takes (--set KEY=VALUE, bench method keys)."""
+    console = Console()
+    for family in DRAFTERS.families():
+        contract = family.contract(family.config())  if _has_defaults(family.config) else None
+        table = Table("key", "default", "meaning", title=f"{family.name}: {family.summary}", title_justify="left")
+        for key, default, meaning in config_help(family.config):
+            table.add_row(key, default, meaning)
+        console.print(table)
+        if contract is not None:
+            console.print(f"  contract (defaults): {contract.semantics.value}, {contract.relation.value}, "
+                          f"{contract.topology.value}" + ("; needs --draft" if family.needs_draft_model else ""))
 
 
-def _auto_proposer_spec(spec: DecoderSpec, target_backend, draft_backend, workload: str, say) -> DecoderSpec:
-    """Resolve `--proposer auto` by replaying every candidate on plain traces of the workload."""
-    from draftwise.models import cache_dir
-    from draftwise.optimize.auto_proposer import choose_for_workload
+def _has_defaults(config: type) -> bool:
+    import dataclasses
 
-    choice = choose_for_workload(spec, target_backend, draft_backend, workload, cache_dir().parent / "auto", say)
-    for line in choice.table().splitlines():
-        (say or (lambda m: None))(line)
-    return choice.spec
-
-
-class TextStream:
-    """Prints generated text as rounds commit it, decoding only since the last finished line
-    (re-decoding the whole output each round is quadratic in its length); text that ends in an
-    incomplete multi-byte character waits for the next round, as transformers' TextStreamer does."""
-
-    def __init__(self, detokenize, eos_token_ids, out) -> None:
-        self._detokenize, self._eos, self._out = detokenize, eos_token_ids, out
-        self._tokens: list[int] = []  # since the last finished line
-        self._shown = 0  # characters of decode(self._tokens) already written
-
-    def on_tokens(self, tokens: list[int]) -> None:
-        self._tokens.extend(t for t in tokens if t not in self._eos)
-        text = self._detokenize(self._tokens)
-        if text.endswith("\ufffd"):
-            return
-        self._out.write(text[self._shown:])
-        self._out.flush()
-        if text.endswith("\n"):
-            self._tokens, self._shown = [], 0
-        else:
-            self._shown = len(text)
-
-    def finish(self) -> None:
-        """Writes what an incomplete character held back at the end of the generation."""
-        self._out.write(self._detokenize(self._tokens)[self._shown:])
-        self._out.flush()
+    return all(f.default is not dataclasses.MISSING for f in dataclasses.fields(config))
 
 
 def _report(result: GenerationResult, plain: GenerationResult | None, policy: SamplingPolicy, verifier: str) -> dict:
@@ -318,13 +278,10 @@ def profile(
             _fail(f"{name} must be >= 1, got {value}")
             return
     try:
-        # a tree of n rows has at most n - 1 leaves; chains and extends need no tree sequences
-        leaves = 0 if chain or extend else min(max(rows), LLAMACPP_MAX_SEQUENCES - 1)
-        target_backend = load_backend(target, backend, threads, progress=lambda m: err.print(f"[dim]{m}[/]"),
-                                      max_tree_leaves=leaves)
+        target_backend = load_backend(target, backend, threads, progress=lambda m: err.print(f"[dim]{m}[/]"))
         result = write_profile(target_backend, Path(out), prefix_len=prefix_len, rows=rows, repeats=repeats,
                                progress=lambda m: err.print(m), chain=chain, extend=extend)
-    except (ValueError, RuntimeError, OSError) as exc:
+    except (DraftwiseError, OSError) as exc:
         _fail(str(exc))
         return
     table = Table("rows", "median s", "t(n)/t(1)")

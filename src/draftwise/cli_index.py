@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 
 from draftwise.artifacts import ArtifactError
+from draftwise.errors import DraftwiseError
 from draftwise.proposers.retrieval.corpus import DEFAULT_SUFFIXES, CorpusError, load_encoder, resolve_source
 from draftwise.proposers.retrieval.exclusion import NGRAM, NgramFilter, load_eval_set
 from draftwise.proposers.retrieval.index import build_index, index_info, verify_index
@@ -54,7 +55,7 @@ def build(
         encoder = load_encoder(target)
         exclusion = NgramFilter.from_eval_sets(eval_sets, encoder, ngram) if eval_sets else None
         report = build_index(sources, encoder, out, exclusion, config, overwrite=force)
-    except (CorpusError, ArtifactError, ValueError) as exc:
+    except DraftwiseError as exc:
         _fail(console, str(exc))
     console.print(
         f"{report.directory}: {report.tokens:,} tokens in {report.documents:,} documents "
@@ -70,7 +71,7 @@ def info(directory: Path = typer.Argument(..., help="index directory"),
     console = Console()
     try:
         details = index_info(directory)
-    except ArtifactError as exc:
+    except DraftwiseError as exc:
         _fail(Console(stderr=True), str(exc))
     if as_json:
         print(json.dumps(details, indent=2, sort_keys=True, default=str))
@@ -103,6 +104,6 @@ def verify(directory: Path = typer.Argument(..., help="index directory")) -> Non
     console = Console()
     try:
         manifest = verify_index(directory)
-    except ArtifactError as exc:
+    except DraftwiseError as exc:
         _fail(Console(stderr=True), f"verification failed: {exc}")
     console.print(f"ok: {len(manifest.files)} files match manifest {manifest.hash[:16]}…")

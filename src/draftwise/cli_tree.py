@@ -17,10 +17,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from draftwise.artifacts import ArtifactError
-from draftwise.build import DecoderSpec, build_decoder, draft_leaves_needed, load_backend, preflight, tree_leaves_needed
-from draftwise.optimize.calibrate import calibration_spec
-from draftwise.sampling import PolicyError, SamplingPolicy
+from draftwise.api import open_decoder
+from draftwise.errors import DraftwiseError
+from draftwise.optimize.calibrate import calibrated_families, calibration_spec
+from draftwise.sampling import SamplingPolicy
+from draftwise.spec import DecoderSpec
 
 tree_app = typer.Typer(help="Hardware-aware trees: optimize a draft tree from measured artifacts.", no_args_is_help=True)
 err = Console(stderr=True)
@@ -33,7 +34,7 @@ def _fail(message: str) -> None:
 
 def calibrate(
     target: str = typer.Option(DecoderSpec().target, help="Target model."),
-    proposer: str = typer.Option("draft-model", help="draft-model | prompt-lookup."),
+    proposer: str = typer.Option("draft-model", help=f"{' | '.join(calibrated_families())}."),
     draft: Optional[str] = typer.Option(None, help="Draft model for --proposer draft-model."),
     backend: str = typer.Option("auto", help="auto | transformers | llamacpp."),
     threads: Optional[int] = typer.Option(None, help="CPU threads (default: all cores)."),
@@ -51,19 +52,18 @@ def calibrate(
     """Measure positional acceptance p_j (and the proposer's cost per depth) by real verification."""
     from draftwise.bench.workloads import WorkloadError, messages_for, parse_workload
     from draftwise.optimize.calibrate import calibrate as run_calibration
+    from draftwise.resolve import check
     from draftwise.optimize.calibrate import calibration_provenance, profile_from_counts
 
     try:
         policy = SamplingPolicy(temperature=temperature, top_k=top_k, top_p=top_p)
         spec = calibration_spec(target, backend, threads, proposer, draft, width, depth, relation, policy,
                                 max_new_tokens, seed)
-        verifier = preflight(spec)
+        verifier = check(spec)
         questions = parse_workload(workload).questions
         say = lambda m: err.print(f"[dim]{m}[/]")  # noqa: E731
-        target_backend = load_backend(target, backend, threads, progress=say, max_tree_leaves=tree_leaves_needed(spec))
-        draft_backend = (load_backend(draft, backend, threads, progress=say, max_tree_leaves=draft_leaves_needed(spec))
-                         if proposer == "draft-model" and draft else None)
-        decoder = build_decoder(spec, target_backend, draft_backend)
+        opened = open_decoder(spec, progress=say)
+        decoder, target_backend = opened.engine, opened.target
         prompts = [target_backend.chat_prompt(messages_for(q, 0, [])) for q in questions]
         err.print(f"calibrating {proposer} (width {width}, depth {depth}, verifier {verifier}) on {len(prompts)} prompts")
         counts = run_calibration(decoder, prompts, width, depth,
@@ -71,7 +71,7 @@ def calibrate(
         provenance = calibration_provenance(decoder, counts, workload, prompts, getattr(target_backend, "n_threads", threads))
         profile = profile_from_counts(counts, provenance)
         manifest = profile.save(out)
-    except (ValueError, RuntimeError, PolicyError, WorkloadError) as exc:
+    except (DraftwiseError, WorkloadError, OSError) as exc:
         _fail(str(exc))
         return
     table = Table("depth", "reached", *[f"p{j}" for j in range(width)], "none selected")
@@ -104,7 +104,7 @@ def optimize(
         choice, manifest = optimize_from_artifacts(acceptance, profile, out, max_depth=max_depth, max_nodes=max_nodes,
                                                    draft_cost=draft_cost, draft_profile_dir=draft_profile,
                                                    draft_catch_up_dir=draft_catch_up)
-    except (ValueError, ArtifactError, OSError) as exc:
+    except (DraftwiseError, OSError) as exc:
         _fail(str(exc))
         return
     flat = choice.draft_model == FLAT_DRAFT_MODEL

@@ -18,9 +18,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-
-class ContractError(ValueError):
-    """A proposal, manifest or pairing breaks a declared contract."""
+from draftwise.errors import ContractError
 
 
 class ManifestMismatch(ContractError):
@@ -45,7 +43,6 @@ class TopologyKind(str, enum.Enum):
     SEQUENCE = "sequence"  # one chain
     SET = "set"  # several candidates for one position only
     TREE = "tree"  # prefix tree
-    METADATA_GRAPH = "metadata_graph"  # heterogeneous merged tree with per-source metadata
 
 
 @dataclass(frozen=True)
@@ -67,7 +64,6 @@ class ProposalNode:
     q: float | None = None  # proposal probability; only under NORMALIZED_CONDITIONAL
     score: float | None = None  # frequency or score; never a probability
     source: str = ""
-    state_owner: str | None = None  # proposer whose provisional state this node extends
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,7 +77,7 @@ class ProposalResult:
     source: str
     manifest_hash: str
     distributions: Mapping[int, np.ndarray] = field(default_factory=dict)
-    state: Any = None
+    state: Any = None  # the proposer's own handle on its provisional state, handed back by `observe`
 
     def __post_init__(self) -> None:
         _validate_result(self)

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Generator, Sequence
 
 import numpy as np
 
 from draftwise.backends.base import Backend, check_fits
-from draftwise.contracts import ContractError, RoundManifest
+from draftwise.contracts import ContractError, ProposalResult, RoundManifest, TopologyKind
+from draftwise.errors import InputError
 from draftwise.gate import CostGate, CostGateConfig, check_gateable, gate_round
-from draftwise.proposers.base import Proposer
+from draftwise.proposers.base import Proposer, RoundFeedback
 from draftwise.sampling import SamplingPolicy
 from draftwise.stats import GenerationStats, RoundRecord, summarize
 from draftwise.topology.compile import COMPILER_VERSION, CompiledRound, TreeLimits, compile_round
@@ -43,7 +44,7 @@ class GenerationConfig:
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+            raise InputError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
 
 @dataclass(frozen=True)
@@ -146,11 +147,28 @@ class SpeculativeDecoder:
         )
 
     def generate(self, prompt: Sequence[int], on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
+        rounds = self.rounds(prompt)
+        while True:
+            try:
+                emitted = next(rounds)
+            except StopIteration as done:
+                result: GenerationResult = done.value
+                return result
+            if on_tokens is not None:
+                on_tokens(emitted)
+
+    def rounds(self, prompt: Sequence[int]) -> Generator[list[int], None, GenerationResult]:
+        """Decode round by round: yields each round's published tokens (never empty) and
+        returns the `GenerationResult`.  Closing the generator early leaves the target consistent."""
         config = self.config
         if not prompt:
-            raise ValueError("the prompt has no tokens")
+            raise InputError("the prompt has no tokens")
         check_fits(self.target.info, len(prompt), config.max_new_tokens)
         rng = np.random.default_rng(config.seed)
+        # a branching proposal needs per-branch resources (llama.cpp: a sequence per leaf), sized
+        # here, between generations, by the backend itself
+        branching = any(p.contract.topology is not TopologyKind.SEQUENCE for p in self.proposers)
+        self.target.reserve(config.limits.max_nodes if branching else 0)
         for proposer in self.proposers:
             proposer.begin(config.policy, rng)
         emitter = _Emitter(config.max_new_tokens, self.target.info.eos_token_ids, config.stop_strings,
@@ -165,8 +183,8 @@ class SpeculativeDecoder:
                 record, emitted = self._round(context, emitter, rng, gate)
                 records.append(record)
                 context.extend(emitted)
-                if on_tokens is not None and emitted:
-                    on_tokens(emitted)
+                if emitted:
+                    yield emitted
         finally:
             self.target.rollback()  # no-op after a clean commit; undoes a round cut short by an exception
         wall = time.perf_counter() - start
@@ -224,8 +242,8 @@ class SpeculativeDecoder:
         accepted_tokens = [int(round_.token_ids[r]) for r in selection.accepted_rows]
         decided = accepted_tokens + [selection.bonus_token]
         emitted_count = emitter.publish(decided, [True] * len(accepted_tokens) + [False])
-        for proposer in self.proposers:
-            proposer.observe(len(selection.accepted_rows))
+        for i, (proposer, result) in enumerate(zip(self.proposers, results)):
+            proposer.observe(feedback_for(i, result, round_, selection.accepted_rows, decided[:emitted_count]))
         if gate is not None:
             gate.observe(offered if asked else None, decided)
         record = RoundRecord(
@@ -244,6 +262,15 @@ class SpeculativeDecoder:
             reads_prompt=reads_prompt,
         )
         return record, emitter.tokens[-emitted_count:] if emitted_count else []
+
+
+def feedback_for(source: int, result: ProposalResult, verified: CompiledRound, accepted_rows: Sequence[int],
+                 published: Sequence[int]) -> RoundFeedback:
+    """The accepted path in the node indices of proposer `source`'s own result (`verified`'s
+    origin maps them to its rows, a gate's cut included)."""
+    row_to_node = {int(row): node for node, row in enumerate(verified.origin[source]) if row >= 0}
+    accepted = tuple(row_to_node[r] for r in accepted_rows if r in row_to_node)
+    return RoundFeedback(result, accepted, tuple(int(t) for t in published))
 
 
 def round_limits(limits: TreeLimits, context_len: int, context_length: int, remaining: int) -> TreeLimits:

@@ -32,7 +32,8 @@ from typing import Sequence
 
 import numpy as np
 
-from draftwise.optimize.hardware import VerifyCostProfile
+from draftwise.errors import InputError
+from draftwise.cost_profile import VerifyCostProfile
 from draftwise.topology.compile import CompiledRound, cut_to_depth
 from draftwise.verify.base import IncompatibleVerifier, VerifierCapabilities
 
@@ -47,11 +48,11 @@ class CostGateConfig:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.decay < 1.0:
-            raise ValueError(f"decay must be in [0, 1), got {self.decay}")
+            raise InputError(f"decay must be in [0, 1), got {self.decay}")
         if not (0.0 <= self.prior_first <= 1.0 and 0.0 <= self.prior_continue <= 1.0):
-            raise ValueError("prior acceptance rates must be in [0, 1]")
+            raise InputError("prior acceptance rates must be in [0, 1]")
         if self.prior_weight <= 0.0:
-            raise ValueError(f"prior_weight must be > 0, got {self.prior_weight}")
+            raise InputError(f"prior_weight must be > 0, got {self.prior_weight}")
 
 
 class _DecayedRate:

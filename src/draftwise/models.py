@@ -18,11 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from draftwise.errors import ModelError
 from draftwise.artifacts import checked_sha256, sha256_file, write_stamp
-
-
-class ModelError(ValueError):
-    """A model name that cannot be resolved, or a file that fails its checksum."""
 
 
 @dataclass(frozen=True)

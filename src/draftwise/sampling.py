@@ -11,8 +11,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from draftwise.errors import InputError
 
-class PolicyError(ValueError):
+
+class PolicyError(InputError):
     """An invalid sampling parameter."""
 
 

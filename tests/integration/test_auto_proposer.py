@@ -6,12 +6,12 @@ when tampered with."""
 
 import pytest
 
-from draftwise.build import DecoderSpec
+from tests.helpers import make_spec
 from draftwise.engine import GenerationConfig, SpeculativeDecoder
 from draftwise.gate import CostGateConfig
 from draftwise.optimize.auto import AutoTreeConfig, auto_gate_directory
 from draftwise.optimize.auto_proposer import choose_proposer
-from draftwise.optimize.hardware import VerifyCostProfile
+from draftwise.cost_profile import VerifyCostProfile
 from draftwise.optimize.replay import replay, trace_from_records
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer
 from draftwise.proposers.prompt_lookup import PromptLookupConfig, PromptLookupProposer
@@ -98,7 +98,7 @@ def test_the_replay_is_the_engines_rounds_for_rest_trees(smol_target, traces, re
 
 CONFIG = AutoTreeConfig(profile_prefix_len=16, profile_repeats=1)
 PROMPTS = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 6, 7, 4, 5]]
-SPEC = DecoderSpec(proposer="auto", generation=GenerationConfig(max_new_tokens=24))
+SPEC = make_spec(GenerationConfig(max_new_tokens=24), proposer="auto")
 
 
 def choose(target, cache, spec=SPEC, draft=None):
@@ -126,7 +126,7 @@ def test_auto_proposer_measures_once_reuses_and_remeasures_what_was_tampered_wit
     _, log = choose(target, tmp_path)
     assert "plain trace" in log and "measuring" not in log
 
-    sampled, log = choose(target, tmp_path, DecoderSpec(generation=GenerationConfig(policy=SamplingPolicy(temperature=1.0))),
+    sampled, log = choose(target, tmp_path, make_spec(GenerationConfig(policy=SamplingPolicy(temperature=1.0)), proposer="auto"),
                           draft=tiny_backend(1))
     assert "plain trace" in log and sampled.traces_directory != first.traces_directory
     assert [name for name, _ in sampled.skipped] == ["draft-model"]  # said, with the reason, not dropped

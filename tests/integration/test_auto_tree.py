@@ -67,18 +67,18 @@ def test_auto_gate_profile_measures_every_row_count_once_then_reuses(tmp_path):
 
 
 def test_a_gate_profile_is_used_only_for_the_target_it_measured(tmp_path):
-    from draftwise.build import DecoderSpec, gate_config
-    from draftwise.engine import GenerationConfig
-    from draftwise.optimize.hardware import VerifyCostProfile
+    from draftwise.build import gate_config
+    from tests.helpers import make_spec
+    from draftwise.cost_profile import VerifyCostProfile
 
     target = tiny_backend(0)
     for name, model in (("mine", target.info.checkpoint), ("other", "some-other-model")):
         VerifyCostProfile.from_absolute([1, 2], [0.1, 0.3], model=model, backend="transformers", threads=2,
                                         machine="test").save(tmp_path / name)
-    config = gate_config(DecoderSpec(gate=str(tmp_path / "mine")), target, GenerationConfig())
+    config = gate_config(make_spec(gate=str(tmp_path / "mine")), target)
     assert config.profile.relative == pytest.approx((1.0, 3.0))
     with pytest.raises(ValueError, match="some-other-model"):
-        gate_config(DecoderSpec(gate=str(tmp_path / "other")), target, GenerationConfig())
+        gate_config(make_spec(gate=str(tmp_path / "other")), target)
 
 
 def test_a_transformers_target_keys_its_measured_artifacts_by_its_thread_count(tmp_path):
@@ -142,7 +142,7 @@ def test_a_profile_sampled_the_old_way_is_measured_again(tmp_path):
     remeasured with shuffled passes, not reused."""
     from draftwise.backends.profile import SAMPLING
     from draftwise.optimize.auto import ensure_profile
-    from draftwise.optimize.hardware import VerifyCostProfile
+    from draftwise.cost_profile import VerifyCostProfile
 
     target = tiny_backend(0)
     old = VerifyCostProfile.from_absolute([1, 2, 3], [0.01, 0.02, 0.03], model=target.info.checkpoint,

@@ -2,16 +2,20 @@
 puts all the greedy mass on slot 0; a different draft spreads it, and the slot probabilities
 add up to exactly the rounds that accepted a depth-1 child."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from draftwise.contracts import SamplingRelation
 from draftwise.engine import GenerationConfig, SpeculativeDecoder
-from draftwise.optimize.calibrate import calibrate, calibration_template, profile_from_counts
+from draftwise.optimize.calibrate import calibrate, profile_from_counts
+from draftwise.proposers.draft_model import calibrated_config
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer
 from draftwise.sampling import SamplingPolicy
 from draftwise.verify.greedy import GreedyVerifier
 from draftwise.verify.sequoia import SequoiaVerifier
+from draftwise.topology.tree_spec import TreeTemplate
 from tests.integration.tiny_models import tiny_backend
 
 PROMPTS = [[1, 2, 3], [4, 5], [6, 0, 7, 1]]
@@ -19,7 +23,7 @@ WIDTH = 3
 
 
 def decoder(draft_seed: int, policy: SamplingPolicy, relation: SamplingRelation, verifier) -> SpeculativeDecoder:
-    config = DraftConfig(template=calibration_template(WIDTH, 1, relation), relation=relation, confidence_threshold=0.0)
+    config = dataclasses.replace(calibrated_config(WIDTH, 1, relation), confidence_threshold=0.0)
     proposer = DraftModelProposer(tiny_backend(draft_seed), "tiny", config)
     return SpeculativeDecoder(tiny_backend(0), [proposer], verifier, GenerationConfig(max_new_tokens=24, policy=policy))
 

@@ -7,6 +7,7 @@ import numpy as np
 
 from draftwise.backends.transformers import TransformersBackend
 from draftwise.contracts import SamplingRelation
+from draftwise.topology.tree_spec import TreeTemplate
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer, fit_template
 from draftwise.sampling import SamplingPolicy
 from draftwise.topology.templates import cartesian
@@ -19,6 +20,8 @@ def with_context(backend: TransformersBackend, context_length: int) -> Transform
 
 
 def proposer(draft, **config) -> DraftModelProposer:
+    if "template" in config:
+        config["tree"] = TreeTemplate(config.pop("template"))
     p = DraftModelProposer(draft, draft.info.tokenizer_hash, DraftConfig(**config))
     p.begin(SamplingPolicy(temperature=1.0), np.random.default_rng(0))
     return p

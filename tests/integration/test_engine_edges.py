@@ -13,6 +13,7 @@ from draftwise.verify.base import IncompatibleVerifier
 from draftwise.verify.greedy import GreedyVerifier
 from draftwise.verify.membership import MembershipVerifier
 from draftwise.verify.rejection import RejectionVerifier
+from draftwise.topology.tree_spec import TreeTemplate
 from tests.helpers import result_from_paths
 
 pytestmark = pytest.mark.model
@@ -34,7 +35,7 @@ class ScriptedProposer:
     def begin(self, policy, rng):
         pass
 
-    def observe(self, accepted):
+    def observe(self, feedback):
         pass
 
     def propose(self, context, manifest_hash, max_depth=None):
@@ -168,9 +169,10 @@ def test_stop_string_completed_mid_round_cuts_the_rest_of_the_round(smol_target,
 def test_cost_gate_is_refused_in_front_of_a_residual_verifier(smol_target, smol_draft):
     """The gate's depth choice reads the proposal's rows, which depend on the drawn tokens:
     fine for greedy and membership, a bias for rejection sampling (refused before any work)."""
-    from draftwise.build import DecoderSpec, preflight
+    from draftwise.build import preflight
+    from tests.helpers import make_spec
     from draftwise.gate import CostGateConfig
-    from draftwise.optimize.hardware import VerifyCostProfile
+    from draftwise.cost_profile import VerifyCostProfile
     from draftwise.sampling import SamplingPolicy
 
     profile = VerifyCostProfile(rows=(1, 2, 3), relative=(1.0, 1.5, 2.0), absolute_s=None, model="smollm2-135m",
@@ -183,7 +185,7 @@ def test_cost_gate_is_refused_in_front_of_a_residual_verifier(smol_target, smol_
     assert smol_target.cached_len == before
     assert SpeculativeDecoder(smol_target, [PromptLookupProposer()], MembershipVerifier(), sampling)
     with pytest.raises(ValueError, match="cost gate"):
-        preflight(DecoderSpec(proposer="draft-model", gate="auto", generation=sampling))
+        preflight(make_spec(sampling, proposer="draft-model", draft="smollm2-135m", gate="auto"))
 
 
 def test_context_overflow_is_refused_before_generation(smol_target, prompt):
@@ -236,7 +238,7 @@ def test_a_draft_tree_costs_one_draft_pass_per_level_and_reads_each_node_once(sm
     from draftwise.topology.templates import cartesian
 
     counting = CountingBackend(smol_draft)
-    config = DraftConfig(template=cartesian([2, 2, 1]), relation=SamplingRelation.BEAM)
+    config = DraftConfig(tree=TreeTemplate(cartesian([2, 2, 1])), relation=SamplingRelation.BEAM)
     proposer = DepthRecordingProposer(DraftModelProposer(counting, smol_target.info.tokenizer_hash, config))
     result = decode(smol_target, [proposer], prompt, max_new_tokens=24)
     assert result.tokens == decode(smol_target, [], prompt, max_new_tokens=24).tokens

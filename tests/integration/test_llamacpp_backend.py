@@ -257,14 +257,21 @@ def test_first_round_reads_the_prompt_as_unread_rows(backend, prompt):
         assert_close(got[r + 1], fresh_logits(backend, list(prompt) + list(round_.path_tokens(r))), f"row {r}")
 
 
-def test_a_chain_only_context_is_profiled_with_chains():
+def test_a_chain_only_context_profiles_chains_and_grows_its_sequences_for_trees():
     from draftwise.backends.profile import profile_verify_cost
 
     chain_only = LlamaCppBackend.load(resolve("smollm2-135m"), n_threads=1, n_ctx=512, max_tree_leaves=0)
     measured = profile_verify_cost(chain_only, prefix_len=32, rows=(1, 3, 6), repeats=1, chain=True)
     assert measured["rows"] == [1, 3, 6] and all(s > 0 for s in measured["absolute_s"])
-    with pytest.raises(BackendError, match="leaves"):  # random trees need tree sequences
-        profile_verify_cost(chain_only, prefix_len=32, rows=(1, 3, 6), repeats=1)
+    assert chain_only.max_tree_leaves == 0  # chains need no tree sequences: the context stays as it was
+    with pytest.raises(BackendError, match="leaves"):  # a tree round before any reserve is refused, not corrupted
+        chain_only.reset()
+        chain_only.extend([1, 2, 3])
+        chain_only.verify(4, make_round(4, [(1000, -1), (2000, -1)]))
+    chain_only.rollback()
+    measured = profile_verify_cost(chain_only, prefix_len=32, rows=(1, 3, 6), repeats=1)  # random trees
+    assert chain_only.max_tree_leaves == 5 and all(s > 0 for s in measured["absolute_s"])
+    chain_only.close()
 
 
 def _grow(backend: LlamaCppBackend, pending: int, nodes: list[tuple[int, int]], cuts: list[int]):
@@ -342,7 +349,7 @@ def test_verify_more_refuses_what_does_not_extend_the_round(backend, prompt):
     with pytest.raises(BackendError, match="no new rows"):
         backend.verify_more(make_round(t + 1, base), 2)
     wide = base + [(3000 + i, 0) for i in range(MAX_LEAVES)]  # 1 + 8 leaves > 8 sequences
-    with pytest.raises(BackendError, match="max_tree_leaves"):
+    with pytest.raises(BackendError, match="reserve a larger tree budget"):
         backend.verify_more(make_round(t + 1, wide), 2)
     # every refusal left the provisional round as it was: it still grows and commits
     grown = make_round(t + 1, base + [(3000, 1)])

@@ -35,7 +35,8 @@ CONFIG = GenerationConfig(max_new_tokens=NEW)
 @pytest.fixture(scope="module")
 def target():
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
-    backend = LlamaCppBackend.load(resolve("smollm2-135m"), n_ctx=2048, max_tree_leaves=8)
+    # one sequence: the decoders' trees make the backend grow its own (`reserve`)
+    backend = LlamaCppBackend.load(resolve("smollm2-135m"), n_ctx=2048)
     yield backend
     backend.close()
 

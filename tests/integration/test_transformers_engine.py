@@ -8,6 +8,7 @@ from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer
 from draftwise.proposers.prompt_lookup import PromptLookupConfig, PromptLookupProposer
 from draftwise.topology.templates import parse_template
 from draftwise.verify.registry import make_verifier
+from draftwise.topology.tree_spec import TreeTemplate
 
 pytestmark = pytest.mark.model
 NEW = 32
@@ -57,7 +58,7 @@ def test_draft_model_tree_is_token_identical(smol_target, smol_draft, prompts_an
     from draftwise.contracts import SamplingRelation
 
     prompts, plain = prompts_and_plain
-    config = DraftConfig(template=parse_template("wbd:2,2,1"), relation=SamplingRelation.BEAM)
+    config = DraftConfig(tree=TreeTemplate(parse_template("wbd:2,2,1")), relation=SamplingRelation.BEAM)
     proposer = DraftModelProposer(smol_draft, smol_target.info.tokenizer_hash, config)
     for prompt, reference in list(zip(prompts, plain))[:4]:
         assert run(smol_target, [proposer], prompt).tokens == reference
@@ -86,7 +87,7 @@ def test_sampling_with_rejection_runs_and_is_seeded(smol_target, smol_draft, pro
 
 
 def _profile(relative):
-    from draftwise.optimize.hardware import VerifyCostProfile
+    from draftwise.cost_profile import VerifyCostProfile
 
     return VerifyCostProfile(rows=tuple(range(1, len(relative) + 1)), relative=tuple(relative), absolute_s=None,
                              model="smollm2-135m", backend="transformers", threads=2, machine="test")

@@ -14,6 +14,7 @@ from draftwise.verify.rejection import accept_probability, residual
 from draftwise.verify.sequoia import SequoiaVerifier
 from draftwise.verify.specinfer import NodeDecision, SpecInferVerifier, draw_rows
 from draftwise.verify.spectr import SpecTrVerifier
+from draftwise.topology.tree_spec import TreeTemplate
 from tests.integration.tiny_models import chi_square_p, exact_joint, first_two_counts, tiny_backend
 
 SAMPLES = 1000
@@ -67,7 +68,7 @@ def models():
 
 def p_value(models, verifier, template, relation) -> float:
     target, draft, joint = models
-    proposer = DraftModelProposer(draft, "tiny", DraftConfig(template=template, relation=relation, confidence_threshold=0.0))
+    proposer = DraftModelProposer(draft, "tiny", DraftConfig(tree=TreeTemplate(template), relation=relation, confidence_threshold=0.0))
     return chi_square_p(first_two_counts(target, proposer, verifier, POLICY, SAMPLES), joint)
 
 

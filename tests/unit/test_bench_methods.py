@@ -13,6 +13,8 @@ from draftwise.bench.methods import (
     references,
 )
 from draftwise.engine import GenerationConfig
+from draftwise.spec import AutoGate, GateProfile
+from draftwise.topology.templates import parse_template
 
 DEFAULTS = MethodDefaults(target="smollm2-135m", draft="qwen2.5-coder-0.5b", generation=GenerationConfig(max_new_tokens=32))
 
@@ -32,7 +34,8 @@ def test_dw_method_full_syntax():
                      "tree=wbd:2,2,1", DEFAULTS)
     assert (m.name, m.kind, m.backend, m.draft) == ("tree", "dw", "transformers", "qwen2.5-coder-0.5b")
     d = m.decoder
-    assert d.proposer == "draft-model" and d.tree == "wbd:2,2,1" and d.draft_config.k == 8
+    assert d.proposer == "draft-model" and d.family_config.tree.paths == parse_template("wbd:2,2,1")
+    assert d.family_config.k == 8
     assert d.generation.max_new_tokens == 32  # shared settings reach the decoder
     assert not m.is_plain
 
@@ -41,8 +44,8 @@ def test_dw_defaults_and_lookup_keys():
     m = parse_method("dw", DEFAULTS)
     assert m.name == "dw" and m.decoder.proposer == "prompt-lookup" and m.target == "smollm2-135m" and m.draft is None
     pl = parse_method("pl=dw:lookup=5,ngram=3,candidates=2,backend=llamacpp", DEFAULTS)
-    assert (pl.decoder.prompt_lookup.num_tokens, pl.decoder.prompt_lookup.max_ngram,
-            pl.decoder.prompt_lookup.max_candidates) == (5, 3, 2)
+    lookup = pl.decoder.family_config
+    assert (lookup.num_tokens, lookup.max_ngram, lookup.max_candidates) == (5, 3, 2)
     plain = parse_method("p=dw:proposer=none,target=other-model", DEFAULTS)
     assert plain.is_plain and plain.target == "other-model"
 
@@ -82,7 +85,7 @@ def test_config_files(tmp_path):
     j = tmp_path / "m.json"
     j.write_text(json.dumps({"proposer": "draft-model", "k": 4, "backend": "transformers", "tree": [[0], [1], [0, 0]]}))
     m = parse_method(f"fromjson={j}", DEFAULTS)
-    assert m.decoder.draft_config.k == 4 and m.decoder.tree == "[[0], [1], [0, 0]]"
+    assert m.decoder.family_config.k == 4 and m.decoder.family_config.tree.paths == ((0,), (1,), (0, 0))
     t = tmp_path / "m.toml"
     t.write_text('method = "hf-prompt-lookup"\ntokens = 3\n')
     assert parse_method(f"fromtoml={t}", DEFAULTS).lookup_tokens == 3
@@ -111,17 +114,17 @@ def test_names_must_be_unique_and_file_safe():
 def test_a_key_of_another_proposer_is_refused_not_ignored():
     from draftwise.bench.methods import MethodError, parse_method
 
-    with pytest.raises(MethodError, match="k configure proposer=draft-model, not prompt-lookup"):
+    with pytest.raises(MethodError, match="k configures draft-model, not prompt-lookup"):
         parse_method("pl=dw:proposer=prompt-lookup,k=3", DEFAULTS)
 
 
 def test_gate_key(tmp_path):
     m = parse_method("g=dw:gate=auto", DEFAULTS)
-    assert m.decoder.gate == "auto" and "gate=auto" in m.describe()
+    assert m.decoder.gate == AutoGate() and "gate=auto" in m.describe()
     # the llama-cpp-python lookup peer runs with logits_all=True (the pool's fix); its description says so
     assert "logits_all=True" in parse_method("llamacpp-prompt-lookup", DEFAULTS).describe()
     assert "logits_all" not in parse_method("llamacpp-plain", DEFAULTS).describe()
-    assert parse_method("g=dw:gate=" + str(tmp_path), DEFAULTS).decoder.gate == str(tmp_path)
+    assert parse_method("g=dw:gate=" + str(tmp_path), DEFAULTS).decoder.gate == GateProfile(tmp_path)
     assert parse_method("dw", DEFAULTS).decoder.gate is None
     with pytest.raises(MethodError, match="neither"):
         parse_method("g=dw:gate=" + str(tmp_path / "missing"), DEFAULTS)
@@ -131,9 +134,9 @@ def test_gate_key(tmp_path):
 
 def test_auto_proposer_key():
     m = parse_method("a=dw:proposer=auto", DEFAULTS)
-    assert m.decoder.proposer == "auto" and m.calibration == "humaneval:0-1"
+    assert m.decoder.proposer == "auto" and m.decoder.drafter.calibration == "humaneval:0-1"
     assert m.draft == DEFAULTS.draft and not m.is_plain  # the draft is a candidate; auto is never the reference
-    assert parse_method("a=dw:proposer=auto,calibration=humaneval:3-4", DEFAULTS).calibration == "humaneval:3-4"
+    assert parse_method("a=dw:proposer=auto,calibration=humaneval:3-4", DEFAULTS).decoder.drafter.calibration == "humaneval:3-4"
     with pytest.raises(MethodError, match="calibration= configures proposer=auto"):
         parse_method("a=dw:proposer=none,calibration=humaneval:0-1", DEFAULTS)
     with pytest.raises(MethodError, match="drop --gate"):
@@ -149,7 +152,7 @@ def test_a_long_json_tree_is_a_template_not_a_path():
     tree = json.dumps(paths, separators=(",", ":"))
     assert len(tree) > 255
     m = parse_method(f"t=dw:proposer=draft-model,tree={tree},relation=iid", DEFAULTS)
-    assert m.decoder.tree == tree
+    assert m.decoder.family_config.tree.paths == tuple(tuple(p) for p in paths)
 
 
 def test_a_heuristic_method_is_labelled_and_never_ranked_as_exact():

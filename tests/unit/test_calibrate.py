@@ -10,14 +10,16 @@ import pytest
 from typer.testing import CliRunner
 
 from draftwise.artifacts import read_manifest
-from draftwise.build import DecoderSpec, draft_template, planned_contracts, preflight
+from draftwise.build import planned_contracts, preflight
+from draftwise.resolve import read_tree_artifact
+from tests.helpers import make_spec
 from draftwise.cli import app
 from draftwise.contracts import TopologyKind
 from draftwise.engine import GenerationConfig, slot_path
 from draftwise.optimize.acceptance import AcceptanceProfile
 from draftwise.optimize.select import draft_round_steps
 from draftwise.optimize.calibrate import calibrate, calibration_spec, count_slots
-from draftwise.optimize.hardware import VerifyCostProfile
+from draftwise.cost_profile import VerifyCostProfile
 from draftwise.optimize.select import load_tree_artifact
 from draftwise.sampling import SamplingPolicy
 from draftwise.stats import RoundRecord
@@ -171,19 +173,19 @@ def test_calibration_is_verified_by_the_verifier_of_the_trees_it_feeds(relation,
     spec = calibration_spec("qwen2.5-coder-1.5b", "llamacpp", 2, "draft-model", "qwen2.5-coder-0.5b",
                             4, 1, relation, policy, 48, 0)
     assert preflight(spec) == verifier
-    assert sorted(path for path in draft_template(spec) if len(path) == 1) == [(0,), (1,), (2,), (3,)]
+    assert sorted(path for path in spec.family_config.template if len(path) == 1) == [(0,), (1,), (2,), (3,)]
 
 
 def test_tree_artifact_is_a_draft_template_under_its_own_policy_only(tmp_path):
     _, _, out, result = optimize_toy(tmp_path)
     assert result.exit_code == 0, result.output
-    spec = DecoderSpec(proposer="draft-model", tree=str(out), relation="beam")
-    assert draft_template(spec) == ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))
+    spec = make_spec(proposer="draft-model", tree=str(out), relation="beam")
+    assert read_tree_artifact(spec.family_config.tree, spec).paths == ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))
     assert planned_contracts(spec)[0].topology is TopologyKind.TREE
-    sampled = DecoderSpec(proposer="draft-model", tree=str(out), relation="without_replacement",
-                          generation=GenerationConfig(policy=SamplingPolicy(temperature=1.0)))
+    sampled = make_spec(proposer="draft-model", tree=str(out), relation="without_replacement",
+                        generation=GenerationConfig(policy=SamplingPolicy(temperature=1.0)))
     with pytest.raises(ValueError, match="optimized under sampling policy"):
-        draft_template(sampled)
+        read_tree_artifact(sampled.family_config.tree, sampled)
 
 
 def test_tampered_tree_artifact_is_refused(tmp_path):
@@ -191,27 +193,24 @@ def test_tampered_tree_artifact_is_refused(tmp_path):
     data = out / "tree.json"
     data.write_text(data.read_text().replace('"n": 5', '"n": 6'))
     with pytest.raises(Exception, match="checksum|sha256|tamper|changed"):
-        draft_template(DecoderSpec(proposer="draft-model", tree=str(out), relation="beam"))
+        spec = make_spec(proposer="draft-model", tree=str(out), relation="beam")
+        read_tree_artifact(spec.family_config.tree, spec)
 
 
 # ------------------------------------------------------------------ limits fitted to the proposer
 
 
 def test_limits_grow_to_the_configured_draft_so_no_drafted_token_goes_unverified():
-    from dataclasses import replace as _replace
-
     from draftwise.build import fitted_generation
-    from draftwise.proposers.draft_model import DraftConfig
-    from draftwise.proposers.prompt_lookup import PromptLookupConfig
 
     default = GenerationConfig()
-    chain = DecoderSpec(proposer="draft-model", draft_config=_replace(DraftConfig(), k=20))
+    chain = make_spec(proposer="draft-model", k=20)
     assert fitted_generation(chain).limits.max_depth == 20 > default.limits.max_depth
-    lookup = DecoderSpec(proposer="prompt-lookup", prompt_lookup=PromptLookupConfig(num_tokens=24, max_candidates=4))
+    lookup = make_spec(proposer="prompt-lookup", lookup=24, candidates=4)
     assert (fitted_generation(lookup).limits.max_nodes, fitted_generation(lookup).limits.max_depth) == (96, 24)
-    small = DecoderSpec(proposer="draft-model", tree="cartesian:2,2")
+    small = make_spec(proposer="draft-model", tree="cartesian:2,2")
     assert fitted_generation(small) == small.generation  # within the defaults: unchanged
-    assert fitted_generation(DecoderSpec(proposer="none")) == default
+    assert fitted_generation(make_spec(proposer="none")) == default
 
 
 def write_draft_inputs(tmp_path, draft_model="toy-draft"):

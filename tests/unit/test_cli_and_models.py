@@ -46,9 +46,12 @@ def test_directory_without_config_refused(tmp_path):
     (["--verifier", "bogus"], "unknown verifier"),
     (["--target", "no-such-model"], "smollm2-135m"),
     # options the chosen proposer would silently ignore
-    (["--draft", "smollm2-135m", "--tree", "wbd:2,2"], "--draft is for --proposer draft-model"),
-    (["--proposer", "prompt-lookup", "--tree", "auto"], "--tree shapes a draft-model tree"),
-    (["--proposer", "draft-model", "--draft", "smollm2-135m", "--index", "/nowhere"], "--index is for --proposer rest"),
+    (["--draft", "smollm2-135m"], "--draft is for a proposer that drafts"),
+    (["--proposer", "prompt-lookup", "--tree", "auto"], "tree configures draft-model"),
+    (["--proposer", "draft-model", "--draft", "smollm2-135m", "--index", "/nowhere"], "index configures rest"),
+    (["--set", "k=3"], "k configures draft-model, not prompt-lookup"),
+    (["--set", "lookupp=3"], "unknown key(s) lookupp"),
+    (["--proposer", "magic"], "unknown proposer 'magic'"),
 ])
 def test_generate_refuses_bad_input(args, needle):
     assert needle in refuse(*args)
@@ -90,20 +93,22 @@ def test_every_alias_downloads_pinned_package_versions():
 
 
 def test_a_draft_context_holds_as_many_sequences_as_its_tree_re_reads():
-    from draftwise.build import DecoderSpec, draft_leaves_needed
+    from draftwise.proposers.draft_model import draft_tree_rows
+    from draftwise.topology.templates import parse_template
 
-    assert draft_leaves_needed(DecoderSpec(proposer="draft-model")) == 0  # a chain
-    assert draft_leaves_needed(DecoderSpec(proposer="draft-model", tree="cartesian:2,2")) == 64  # the floor
+    assert draft_tree_rows(None) == 0  # a chain
+    assert draft_tree_rows(parse_template("cartesian:2,2")) == 2
     # the leaves above the last level: level 2's 81 nodes (level 1's take no sequence of their own)
-    assert draft_leaves_needed(DecoderSpec(proposer="draft-model", tree="cartesian:9,9,2")) == 81
-    assert draft_leaves_needed(DecoderSpec(proposer="draft-model", tree="cartesian:16,15,1")) == 240
+    assert draft_tree_rows(parse_template("cartesian:9,9,2")) == 81
+    assert draft_tree_rows(parse_template("cartesian:16,15,1")) == 240
 
 
 def test_a_mistyped_tree_directory_says_so():
-    from draftwise.build import DecoderSpec, draft_template
+    from draftwise.errors import InputError
+    from draftwise.topology.tree_spec import parse_tree
 
-    with pytest.raises(ValueError, match="no such tree directory"):
-        draft_template(DecoderSpec(proposer="draft-model", tree="./trees/nosuch"))
+    with pytest.raises(InputError, match="no such tree directory"):
+        parse_tree("./trees/nosuch")
 
 
 @pytest.mark.parametrize("args,needle", [

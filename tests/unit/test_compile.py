@@ -29,7 +29,7 @@ def test_design_fixture_merges_by_full_prefix():
     assert not np.array_equal(r.ancestor_mask[b_under_a], r.ancestor_mask[b_under_x])
     c_row = int(np.flatnonzero(r.token_ids == C)[0])
     d_row = int(np.flatnonzero(r.token_ids == D)[0])
-    assert r.predictor_row[c_row] == r.predictor_row[d_row] == b_under_a
+    assert r.parent[c_row] == r.parent[d_row] == b_under_a
     e_row = int(np.flatnonzero(r.token_ids == E)[0])
     assert r.parent[e_row] == b_under_a  # REST's A-B-E lands under Hydra's A-B
     assert r.sources == ("hydra", "rest")
@@ -61,18 +61,19 @@ def test_planted_child_before_parent(compiled):
     inverse = np.argsort(order)
     parent = np.where(r.parent[order] >= 0, inverse[r.parent[order]], -1)
     bad = _replace(r, token_ids=r.token_ids[order], parent=parent, depth=r.depth[order],
-                   position_ids=r.position_ids[order], predictor_row=parent.copy(),
+                   position_ids=r.position_ids[order],
                    ancestor_mask=r.ancestor_mask[np.ix_(order, order)])
     with pytest.raises(GraphError, match="before its parent"):
         validate_candidate_graph(bad)
 
 
-def test_planted_predictor_shift(compiled):
+def test_planted_parent_shift(compiled):
+    # the classic one-row offset: every row scored by the row after its parent
     r, _ = compiled
-    shifted = r.predictor_row.copy()
+    shifted = r.parent.copy()
     shifted[shifted >= 0] += 1
-    with pytest.raises(GraphError, match="scored by row"):
-        validate_candidate_graph(_replace(r, predictor_row=shifted))
+    with pytest.raises(GraphError):
+        validate_candidate_graph(_replace(r, parent=shifted))
 
 
 def test_planted_sibling_visible(compiled):

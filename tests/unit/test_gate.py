@@ -4,7 +4,7 @@ what it learns from a round (including the candidates it cut)."""
 import pytest
 
 from draftwise.gate import CostGate, CostGateConfig, gate_round, rows_within_depths
-from draftwise.optimize.hardware import VerifyCostProfile
+from draftwise.cost_profile import VerifyCostProfile
 from draftwise.topology.compile import TreeLimits, compile_round, cut_to_depth
 from tests.helpers import result_from_paths
 

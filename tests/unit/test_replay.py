@@ -4,7 +4,7 @@ an EOS accepted from a proposal, the gate, and the time prediction's arithmetic.
 import pytest
 
 from draftwise.gate import CostGateConfig
-from draftwise.optimize.hardware import VerifyCostProfile
+from draftwise.cost_profile import VerifyCostProfile
 from draftwise.optimize.replay import ReplayedRound, Trace, accepted_along, predicted_seconds, replay, trace_from_records
 from draftwise.proposers.prompt_lookup import PromptLookupProposer
 from draftwise.topology.compile import TreeLimits, compile_round
@@ -94,14 +94,12 @@ def test_auto_skips_candidates_a_trace_cannot_replay_and_says_why_when_nothing_f
 
     from draftwise.engine import GenerationConfig
 
-    from draftwise.build import DecoderSpec
     from draftwise.optimize.auto_proposer import auto_preflight, candidate_specs
-    from draftwise.proposers.prompt_lookup import PromptLookupConfig
     from draftwise.sampling import SamplingPolicy
+    from tests.helpers import make_spec
 
     sampling = GenerationConfig(policy=SamplingPolicy(temperature=0.8), exact=False)
-    typical = DecoderSpec(proposer="auto", verifier="typical", generation=sampling,
-                          prompt_lookup=_replace(PromptLookupConfig(), max_candidates=4))
+    typical = make_spec(sampling, proposer="auto", verifier="typical", candidates=4)
     kept, skipped = candidate_specs(typical, has_draft=False)
     assert [name for name, _ in kept] == ["plain"]
     assert any(name == "prompt-lookup" and "its own rule" in why for name, why in skipped)
@@ -120,7 +118,7 @@ def test_a_one_token_prompt_reads_nothing_in_round_one_so_the_gate_may_cut_it_as
         def begin(self, policy, rng):
             pass
 
-        def observe(self, accepted):
+        def observe(self, feedback):
             pass
 
         def propose(self, context, manifest_hash, max_depth=None):

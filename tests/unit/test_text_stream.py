@@ -2,7 +2,7 @@
 
 import io
 
-from draftwise.cli import TextStream
+from draftwise.text_stream import TextStream
 
 EOS = 0
 

@@ -17,15 +17,9 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from draftwise.errors import BackendError
 from draftwise.topology.compile import CompiledRound
 from draftwise.verify.base import TargetLogits
-
-
-LLAMACPP_MAX_SEQUENCES = 256  # LLAMA_MAX_SEQ: sequences one llama.cpp context holds (one is the committed text)
-
-
-class BackendError(RuntimeError):
-    """A backend refused an operation (context overflow, budget exceeded, bad state)."""
 
 
 class ContextOverflow(BackendError):
@@ -42,7 +36,6 @@ class BackendInfo:
     dtype: str
     device: str
     eos_token_ids: frozenset[int]
-    hidden_states: bool = False  # can expose hidden states (heads, adapters)
     max_verify_rows: int = 1 << 30  # largest 1 + N a single verify accepts
     kv_row_bytes: int = 0  # KV cache bytes of one token's row (K and V, every layer); 0 = unknown
 
@@ -56,6 +49,11 @@ class Backend(Protocol):
     @property
     def n_threads(self) -> int:
         """CPU threads the forward passes run on; part of every measured artifact's key."""
+
+    def reserve(self, tree_rows: int) -> None:
+        """Size per-branch resources for rounds of up to `tree_rows` branching candidate rows
+        (0: chains only).  Called between generations (it may drop the KV cache); the backend
+        alone knows what a branch costs it (llama.cpp: a sequence per leaf)."""
 
     def reset(self) -> None:
         """Drop every KV row."""

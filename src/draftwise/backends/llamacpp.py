@@ -1,7 +1,10 @@
 """llama.cpp backend (llama-cpp-python's low-level API): GGUF models at full CPU speed.
 
 Sequences carry the tree.  The context has a unified KV cache (`kv_unified=True`) and
-`n_seq_max = max_tree_leaves + 1` sequences: sequence 0 is the committed text, and in a tree
+`n_seq_max = max_tree_leaves + 1` sequences, sized by `reserve` from the round limits a decoder
+starts with (a context is created with one sequence: chains need no more, and plain decoding
+measured ~4% faster with 1 sequence than 65; a larger budget recreates the context between
+generations, and nothing above this module knows sequences exist): sequence 0 is the committed text, and in a tree
 round leaf i owns sequence i + 1.  Before the batch, `seq_cp(0, s)` tags every committed cell
 with each leaf sequence (no data is copied: a unified cache adds the id to the same cells).
 The round is ONE llama_batch: the pending token belongs to sequence 0 and to every leaf
@@ -37,7 +40,6 @@ import llama_cpp
 import numpy as np
 
 from draftwise.backends.base import (
-    LLAMACPP_MAX_SEQUENCES,
     BackendError,
     BackendInfo,
     ContextOverflow,
@@ -53,6 +55,7 @@ from draftwise.verify.base import NumpyLogits
 
 _KV_TYPE = llama_cpp.GGML_TYPE_F16  # K and V cache type, fixed so kv_bytes can be computed exactly
 _KV_TYPE_BYTES = 2
+LLAMACPP_MAX_SEQUENCES = 256  # LLAMA_MAX_SEQ: sequences one llama.cpp context holds (one is the committed text)
 _N_BATCH = 512  # tokens per llama_decode (logical and physical batch), llama-cpp-python's default
 
 
@@ -70,14 +73,41 @@ class KvGeometry:
         return self.n_layer * (self.n_embd_k_gqa + self.n_embd_v_gqa) * self.type_bytes
 
 
-def _free(model, ctx) -> None:
-    llama_cpp.llama_free(ctx)
-    llama_cpp.llama_model_free(model)
+class _Handles:
+    """The weights and the current context, freed together (the context first)."""
+
+    def __init__(self, model, ctx) -> None:
+        self.model, self.ctx = model, ctx
+
+    def free(self) -> None:
+        llama_cpp.llama_free(self.ctx)
+        llama_cpp.llama_model_free(self.model)
+
+
+def _new_context(model, n_ctx: int, n_seq: int, threads: int, path: str):
+    if n_seq > LLAMACPP_MAX_SEQUENCES:
+        raise BackendError(f"a tree of {n_seq - 1} leaves needs {n_seq} sequences; a llama.cpp "
+                           f"context holds at most {LLAMACPP_MAX_SEQUENCES} (use a narrower tree)")
+    cparams = llama_cpp.llama_context_default_params()
+    cparams.n_ctx = n_ctx
+    cparams.n_batch = _N_BATCH
+    cparams.n_ubatch = _N_BATCH
+    cparams.n_seq_max = n_seq
+    cparams.kv_unified = True  # one cell can belong to many sequences: the prefix is shared, not copied
+    cparams.n_threads = threads
+    cparams.n_threads_batch = threads
+    cparams.type_k = _KV_TYPE
+    cparams.type_v = _KV_TYPE
+    cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED  # llama-cpp-python's default
+    ctx = llama_cpp.llama_init_from_model(model, cparams)
+    if not ctx:
+        raise BackendError(f"llama.cpp could not create a context (n_ctx={n_ctx}, n_seq_max={n_seq}) for {path!r}")
+    return ctx
 
 
 class LlamaCppBackend:
     def __init__(self, model, ctx, info: BackendInfo, geometry: KvGeometry, n_threads: int, max_tree_leaves: int,
-                 chat_template: str | None) -> None:
+                 chat_template: str | None, path: str) -> None:
         self._model = model
         self._ctx = ctx
         self._mem = llama_cpp.llama_get_memory(ctx)
@@ -87,6 +117,7 @@ class LlamaCppBackend:
         self.n_threads = n_threads
         self.max_tree_leaves = max_tree_leaves
         self._chat_template = chat_template
+        self._path = path
         self._n_vocab = info.vocab_size
         self._batch = NumpyBatch(max(_N_BATCH, info.max_verify_rows), max_tree_leaves + 1)
         self._committed = 0  # cells of sequence 0 that are authoritative: positions [0, committed)
@@ -95,42 +126,26 @@ class LlamaCppBackend:
         # sequence -> the candidate row its path ends at: a chain lives in sequence 0, leaf i of a
         # tree in sequence i + 1; every provisional row lies on the path of some sequence
         self._seq_end: dict[int, int] = {}
-        self._finalizer = weakref.finalize(self, _free, model, ctx)
+        self._handles = _Handles(model, ctx)
+        self._finalizer = weakref.finalize(self, _Handles.free, self._handles)
 
     # ---- loading -------------------------------------------------------------------------
     @classmethod
     def load(cls, model: ResolvedModel, n_threads: int | None = None, n_ctx: int = 4096,
-             max_tree_leaves: int = 64) -> "LlamaCppBackend":
-        """A context of n_ctx cells shared by max_tree_leaves + 1 sequences.  max_tree_leaves=0 gives
-        a one-sequence context for chain-only use (a draft model): chains never need more, and a
-        quick interleaved check under load measured plain decoding ~4% faster with 1 sequence than 65."""
+             max_tree_leaves: int = 0) -> "LlamaCppBackend":
+        """A context of n_ctx cells shared by max_tree_leaves + 1 sequences (`reserve` grows them)."""
         if model.kind != "gguf":
             raise BackendError(f"the llama.cpp backend loads .gguf files; {model.path!r} is a {model.kind}")
-        if max_tree_leaves + 1 > LLAMACPP_MAX_SEQUENCES:
-            raise BackendError(f"a tree of {max_tree_leaves} leaves needs {max_tree_leaves + 1} sequences; a llama.cpp "
-                               f"context holds at most {LLAMACPP_MAX_SEQUENCES} (use a narrower tree)")
         threads = n_threads or len(os.sched_getaffinity(0))
         mparams = llama_cpp.llama_model_default_params()
         handle = llama_cpp.llama_model_load_from_file(model.path.encode(), mparams)
         if not handle:
             raise BackendError(f"llama.cpp could not load {model.path!r}")
-        cparams = llama_cpp.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = _N_BATCH
-        cparams.n_ubatch = _N_BATCH
-        cparams.n_seq_max = max_tree_leaves + 1
-        cparams.kv_unified = True  # one cell can belong to many sequences: the prefix is shared, not copied
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
-        cparams.type_k = _KV_TYPE
-        cparams.type_v = _KV_TYPE
-        cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED  # llama-cpp-python's default
-        ctx = llama_cpp.llama_init_from_model(handle, cparams)
-        if not ctx:
+        try:
+            ctx = _new_context(handle, n_ctx, max_tree_leaves + 1, threads, model.path)
+        except BackendError:
             llama_cpp.llama_model_free(handle)
-            raise BackendError(
-                f"llama.cpp could not create a context (n_ctx={n_ctx}, n_seq_max={max_tree_leaves + 1}) for {model.path!r}"
-            )
+            raise
         vocab = llama_cpp.llama_model_get_vocab(handle)
         n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
         eos = {int(llama_cpp.llama_vocab_eos(vocab)), int(llama_cpp.llama_vocab_eot(vocab))} - {-1}
@@ -143,12 +158,11 @@ class LlamaCppBackend:
             dtype="gguf",
             device="cpu",
             eos_token_ids=frozenset(eos),
-            hidden_states=False,
             max_verify_rows=_N_BATCH,
             kv_row_bytes=_kv_geometry(handle).bytes_per_cell,
         )
         template = model_meta(handle, "tokenizer.chat_template")
-        return cls(handle, ctx, info, _kv_geometry(handle), threads, max_tree_leaves, template)
+        return cls(handle, ctx, info, _kv_geometry(handle), threads, max_tree_leaves, template, model.path)
 
     def close(self) -> None:
         """Free the context and the weights now (otherwise when the backend is collected)."""
@@ -158,6 +172,21 @@ class LlamaCppBackend:
     @property
     def cached_len(self) -> int:
         return self._committed
+
+    def reserve(self, tree_rows: int) -> None:
+        """Hold a sequence per leaf of rounds of up to `tree_rows` branching rows (a tree never has
+        more leaves than rows), recreating the context when it holds fewer; never shrinks.  The
+        KV cache is dropped with the old context: call between generations."""
+        leaves = min(tree_rows, LLAMACPP_MAX_SEQUENCES - 1)
+        if leaves <= self.max_tree_leaves:
+            return
+        ctx = _new_context(self._model, self.info.context_length, leaves + 1, self.n_threads, self._path)
+        llama_cpp.llama_free(self._handles.ctx)
+        self._handles.ctx = self._ctx = ctx
+        self._mem = llama_cpp.llama_get_memory(ctx)
+        self.max_tree_leaves = leaves
+        self._batch = NumpyBatch(max(_N_BATCH, self.info.max_verify_rows), leaves + 1)
+        self.reset()
 
     def reset(self) -> None:
         llama_cpp.llama_memory_clear(self._mem, False)
@@ -252,7 +281,7 @@ class LlamaCppBackend:
             else:
                 raise BackendError(
                     f"growing the round to {len(round_.leaves())} leaves needs more sequences than the "
-                    f"{self.max_tree_leaves} this context was built for (load with a larger max_tree_leaves)"
+                    f"{self.max_tree_leaves} this context was built for (reserve a larger tree budget first)"
                 )
         for leaf, seq, anchor in plan:
             if anchor == -2:
@@ -283,7 +312,7 @@ class LlamaCppBackend:
         if len(leaves) > self.max_tree_leaves:
             raise BackendError(
                 f"round has {len(leaves)} leaves but this context was built for {self.max_tree_leaves} "
-                "(load with a larger max_tree_leaves)"
+                "(reserve a larger tree budget first)"
             )
         n = round_.n
         member = np.zeros((1 + n, 1 + len(leaves)), dtype=bool)  # [1+N, 1+L] row in sequence?

@@ -16,6 +16,8 @@ from typing import Sequence
 import llama_cpp
 import numpy as np
 
+from draftwise.errors import InputError
+
 
 def vocab_texts(vocab, n_vocab: int) -> list[str]:
     """Token texts in id order as stored in the GGUF (byte-level BPE texts, like HF's convert_ids_to_tokens)."""
@@ -69,7 +71,7 @@ def render_chat(template: str, messages: Sequence[dict], bos_token: str, eos_tok
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message):
-        raise ValueError(f"chat template: {message}")
+        raise InputError(f"chat template: {message}")
 
     def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)

@@ -27,9 +27,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from draftwise.backends.base import Backend
+from draftwise.errors import InputError
 from draftwise.contracts import ProbabilitySemantics, ProposalNode, ProposalResult, ProposerContract
 from draftwise.contracts import SamplingRelation, TopologyKind
-from draftwise.optimize.hardware import VerifyCostProfile
+from draftwise.cost_profile import VerifyCostProfile
 from draftwise.topology.compile import CompiledRound, TreeLimits, compile_round
 
 DEFAULT_ROWS = (1, 2, 4, 8, 16, 32, 64)
@@ -98,10 +99,11 @@ def profile_verify_cost(
     what a draft model's catch-up over the tokens published since its last round costs, which
     on a 150k-token vocabulary is well below a verify of as many rows (every row's logits)."""
     if chain and extend:
-        raise ValueError("time chains or extends, not both")
+        raise InputError("time chains or extends, not both")
     say = progress or (lambda message: None)
     text_ids = backend.tokenize(_PREFIX_TEXT, add_special=False)
     prefix = (text_ids * (prefix_len // len(text_ids) + 1))[:prefix_len]
+    backend.reserve(0 if chain or extend else max(rows) - 1)  # a tree of n rows has n - 1 candidates
     backend.reset()
     backend.extend(prefix[:-1])
     pending = prefix[-1]

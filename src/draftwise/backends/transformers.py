@@ -76,7 +76,6 @@ class TransformersBackend:
             dtype=dtype,
             device=device,
             eos_token_ids=frozenset(int(e) for e in eos if e is not None),
-            hidden_states=True,
             kv_row_bytes=kv_row_bytes(net.config, getattr(torch, dtype)),
         )
         return cls(net, tokenizer, info)
@@ -90,6 +89,9 @@ class TransformersBackend:
     def n_threads(self) -> int:
         # torch's intra-op pool is per process (load_backend sets it from --threads), so read it live.
         return torch.get_num_threads()
+
+    def reserve(self, tree_rows: int) -> None:
+        pass  # a tree is a 4D mask over one cache: nothing to size per branch
 
     def reset(self) -> None:
         from transformers import DynamicCache

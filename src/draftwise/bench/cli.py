@@ -15,7 +15,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from draftwise.bench.methods import PEERS, MethodError
+from draftwise.bench.methods import PEERS
+from draftwise.errors import DraftwiseError
 from draftwise.bench.store import StoreError
 from draftwise.bench.workloads import WorkloadError
 from draftwise.build import default_threads
@@ -77,7 +78,7 @@ def run(
                                  threads=threads or default_threads(), warmup_tokens=warmup_tokens)
         summary = run_bench(settings, out, resume=resume, console=err, show_progress=not quiet,
                             retry_failures=retry_failures)
-    except (WorkloadError, MethodError, StoreError, ValueError) as exc:
+    except (DraftwiseError, WorkloadError, StoreError) as exc:
         _fail(str(exc))
         return
     _print_summary(summary, out)

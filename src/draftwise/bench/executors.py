@@ -1,6 +1,7 @@
 """One executor per method: turns chat messages into token ids and runs one timed generation.
 
-draftwise methods are built through `draftwise.build` (the same path as the CLI), peers in
+draftwise methods are opened through `draftwise.api.open_decoder` (the same path as the CLI,
+backends from the run's shared pool), peers in
 `peers.py`.  Every executor times its call the same way (perf_counter around the whole call,
 prefill included, as Spec-Bench does) and records emit events from the generation's own
 callback.
@@ -8,19 +9,15 @@ callback.
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import replace
 from typing import Protocol, Sequence
 
-from draftwise.backends.base import Backend
+from draftwise.api import Decoder, open_decoder
 from draftwise.bench.methods import MethodSpec
 from draftwise.bench.outputs import EmitClock, TurnOutput
 from draftwise.bench.pool import ModelPool
-from draftwise.build import build_decoder, draft_leaves_needed, tree_leaves_needed
 from draftwise.engine import GenerationConfig
-from draftwise.models import cache_dir
-from draftwise.optimize.auto_proposer import auto_preflight, choose_for_workload
 from draftwise.stats import PHASES
 
 
@@ -36,22 +33,19 @@ class Executor(Protocol):
 
 
 class DraftwiseExecutor:
-    def __init__(self, method: MethodSpec, target: Backend, draft: Backend | None) -> None:
+    def __init__(self, method: MethodSpec, opened: Decoder) -> None:
         self.method = method
-        self.target = target
-        self._draft = draft
+        self.target = opened.target
+        self._opened = opened
         self._decoders: dict[int, object] = {}
 
     def chat_prompt(self, messages: Sequence[dict]) -> list[int]:
         return self.target.chat_prompt(messages)
 
     def _decoder(self, max_new_tokens: int | None):
-        spec = self.method.decoder
-        limit = max_new_tokens or spec.generation.max_new_tokens
+        limit = max_new_tokens or self._opened.spec.generation.max_new_tokens
         if limit not in self._decoders:  # warm-up asks for fewer tokens; build once per length
-            sized = replace(spec, generation=replace(spec.generation, max_new_tokens=limit))
-            self._decoders[limit] = build_decoder(sized, self.target, self._draft,
-                                                  progress=lambda message: print(message, file=sys.stderr))
+            self._decoders[limit] = self._opened.sized(limit).engine
         return self._decoders[limit]
 
     def gate_profile(self) -> dict | None:
@@ -90,17 +84,15 @@ def _frontier(record) -> tuple[int, int]:
 def prepare(method: MethodSpec, pool: ModelPool, generation: GenerationConfig) -> Executor:
     """Load (or reuse) what `method` needs; raises ModelUnavailable or ImportError with the reason."""
     if method.kind == "dw":
-        auto = method.decoder.proposer == "auto"
-        leaves = auto_preflight(method.decoder) if auto else tree_leaves_needed(method.decoder)
-        target = pool.backend(method.target, method.backend, leaves=leaves)
-        draft_leaves = draft_leaves_needed(method.decoder)
-        draft = pool.backend(method.draft, method.backend, role="draft", leaves=draft_leaves) if method.draft else None
-        if auto:  # the answers record what was chosen: describe() reads the resolved decoder
-            choice = choose_for_workload(method.decoder, target, draft,
-                                         method.calibration, cache_dir().parent / "auto", pool.say)
-            pool.say(f"{method.name}: proposer auto\n{choice.table()}")
-            method = replace(method, decoder=choice.spec, draft=method.draft if choice.spec.proposer == "draft-model" else None)
-        return DraftwiseExecutor(method, target, draft)
+        def load(model: str, backend: str, role: str):
+            return pool.backend(model, backend, role=role)
+
+        opened = open_decoder(method.decoder, loader=load, progress=pool.say)
+        for choice in opened.choices:  # the answers record what was chosen: describe() reads the resolved spec
+            pool.say(f"{method.name}: {choice.what} auto -> {choice.chosen}\n{choice.detail}")
+        if opened.choices:
+            method = replace(method, decoder=opened.spec, draft=opened.spec.draft if opened.spec.uses_draft_model else None)
+        return DraftwiseExecutor(method, opened)
     from draftwise.bench.peers import HfExecutor, LlamaCppExecutor
 
     if method.backend == "transformers":
@@ -108,5 +100,5 @@ def prepare(method: MethodSpec, pool: ModelPool, generation: GenerationConfig) -
         assistant = pool.backend(method.draft, "transformers", role="draft").model if method.kind == "hf-assisted" else None
         return HfExecutor(method, target, assistant, generation)
     llama = pool.llama(method.target, method.peer_lookup_tokens)
-    tokenizer = pool.backend(method.target, "llamacpp", leaves=0)  # same chat rendering and EOS set as draftwise's llama.cpp methods
+    tokenizer = pool.backend(method.target, "llamacpp")  # same chat rendering and EOS set as draftwise's llama.cpp methods
     return LlamaCppExecutor(method, llama, tokenizer, generation)

@@ -6,16 +6,11 @@ CONFIG is one of
     FILE.json | FILE.toml         the same keys as a table, plus "method" (default "dw")
 `NAME=` may be left out; the name is then CONFIG itself.
 
-Keys of dw (defaults are the library's own, from DecoderSpec and the component configs):
-    proposer  none | prompt-lookup | draft-model | rest | auto    backend  auto | transformers | llamacpp
-    verifier  auto | greedy | membership | ...               target, draft  model names (default --target/--draft)
-    k, confidence                draft chain length and confidence stop
-    tree, relation               draft tree template (wbd:2,2,1) and how children are drawn
-    lookup, ngram, candidates    prompt-lookup tokens, max n-gram, continuations (tree when > 1)
-    index                        REST datastore          max_nodes, max_depth   tree limits
-    gate                         cost gate: auto or a verify_profile directory
-    calibration                  proposer=auto: the workload its plain traces come from (default humaneval:0-1)
-    exact                        false permits a heuristic verifier
+Keys of dw: the decoder keys of `draftwise.spec` (proposer, backend, verifier, target, draft,
+gate, max_nodes, max_depth, exact, calibration) and the chosen proposer's own config keys
+(`draftwise proposers` lists them: k, confidence, tree, relation for draft-model; lookup,
+ngram, candidates for prompt-lookup; index for rest; ...).  An unknown key is refused with
+the valid ones; a key of another proposer is refused with the proposer it configures.
 Keys of peers: target; draft (hf-assisted); tokens (prompt-lookup peers, default 10).
 
 A comma-separated item without '=' continues the previous value, so tree templates keep
@@ -30,26 +25,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from draftwise.bench.pool import llama_logits_all
-from draftwise.build import BACKENDS, PROPOSERS, DecoderSpec, choose_backend, planned_contracts, preflight
+from draftwise.build import choose_backend
 from draftwise.engine import GenerationConfig
+from draftwise.errors import DraftwiseError, InputError
 from draftwise.models import resolve
-from draftwise.optimize.auto_proposer import CALIBRATION_WORKLOAD, auto_preflight
-from draftwise.topology.compile import TreeLimits
+from draftwise.resolve import check
+from draftwise.spec import DecoderSpec, spec_from_options
 
 PEERS = ("hf-plain", "hf-assisted", "hf-prompt-lookup", "llamacpp-plain", "llamacpp-prompt-lookup")
 PEER_BACKEND = {p: ("transformers" if p.startswith("hf-") else "llamacpp") for p in PEERS}
 PEER_LOOKUP_TOKENS = 10  # transformers' and llama-cpp-python's usual prompt-lookup length
-_DW_KEYS = {"proposer", "backend", "verifier", "target", "draft", "k", "confidence", "tree", "relation", "lookup",
-            "ngram", "candidates", "index", "max_nodes", "max_depth", "exact", "gate", "calibration"}
 _PEER_KEYS = {"hf-plain": {"target"}, "hf-assisted": {"target", "draft"}, "hf-prompt-lookup": {"target", "tokens"},
               "llamacpp-plain": {"target"}, "llamacpp-prompt-lookup": {"target", "tokens"}}
 
 
-_PROPOSER_KEYS = {"draft-model": {"k", "confidence", "tree", "relation"}, "prompt-lookup": {"lookup", "ngram", "candidates"},
-                  "rest": {"index"}}
-
-
-class MethodError(ValueError):
+class MethodError(InputError):
     """A --method that cannot be parsed or does not fit together."""
 
 
@@ -71,13 +61,12 @@ class MethodSpec:
     draft: str | None = None
     decoder: DecoderSpec | None = None  # dw only
     lookup_tokens: int = PEER_LOOKUP_TOKENS  # prompt-lookup peers only
-    calibration: str = CALIBRATION_WORKLOAD  # dw with proposer=auto only: where its plain traces come from
 
     @property
     def is_plain(self) -> bool:
         """A method that proposes nothing: the reference its backend's other methods are checked against."""
         if self.kind == "dw":
-            return self.decoder is not None and self.decoder.proposer == "none"
+            return self.decoder is not None and self.decoder.drafter is None
         return self.kind in ("hf-plain", "llamacpp-plain")
 
     @property
@@ -97,19 +86,7 @@ class MethodSpec:
             if llama_logits_all(self.peer_lookup_tokens):
                 extra += ", logits_all=True"  # how the pool opens it: every report carries it
             return f"{self.kind} (target={self.target}{extra})"
-        d = self.decoder
-        parts = [f"proposer={d.proposer}", f"backend={self.backend}", f"verifier={d.verifier}", f"target={self.target}"]
-        if d.proposer == "draft-model":
-            shape = [f"tree={d.tree}", f"relation={d.relation}"] if d.tree else [f"k={d.draft_config.k}"]
-            parts += [f"draft={d.draft}", *shape]
-        if d.proposer == "prompt-lookup":
-            p = d.prompt_lookup
-            parts += [f"lookup={p.num_tokens}", f"ngram={p.max_ngram}", f"candidates={p.max_candidates}"]
-        if d.gate:
-            parts.append(f"gate={d.gate}")
-        if not d.generation.exact:
-            parts.append("exact=false (HEURISTIC verifier allowed: outputs are not the target's distribution)")
-        return "dw: " + ", ".join(parts)
+        return "dw: " + self.decoder.describe()
 
     @property
     def heuristic(self) -> bool:
@@ -187,75 +164,17 @@ def _int(values: dict[str, str], key: str, default: int) -> int:
         raise MethodError(f"{key}={values[key]!r} is not an integer") from exc
 
 
-def _float(values: dict[str, str], key: str, default: float) -> float:
-    if key not in values:
-        return default
-    try:
-        return float(values[key])
-    except ValueError as exc:
-        raise MethodError(f"{key}={values[key]!r} is not a number") from exc
-
-
-def _bool(values: dict[str, str], key: str, default: bool) -> bool:
-    if key not in values:
-        return default
-    word = values[key].lower()
-    if word not in ("true", "false", "1", "0", "yes", "no"):
-        raise MethodError(f"{key}={values[key]!r} is not true/false")
-    return word in ("true", "1", "yes")
-
-
 def _dw_method(name: str, values: dict[str, str], defaults: MethodDefaults) -> MethodSpec:
-    _check_keys("dw", values, _DW_KEYS)
-    proposer = values.get("proposer", DecoderSpec().proposer)
-    for owner, keys in _PROPOSER_KEYS.items():
-        misplaced = sorted(keys & set(values)) if owner != proposer else []
-        if misplaced:  # silently ignoring it would benchmark a configuration nobody asked for
-            raise MethodError(f"method {name!r}: {', '.join(misplaced)} configure proposer={owner}, not {proposer}")
-    base = DecoderSpec()
-    target = values.get("target", defaults.target)
-    draft = values.get("draft", defaults.draft)
-    gen = defaults.generation
-    limits = TreeLimits(_int(values, "max_nodes", gen.limits.max_nodes), _int(values, "max_depth", gen.limits.max_depth))
+    base = DecoderSpec(target=defaults.target, draft=defaults.draft, generation=defaults.generation)
     try:
-        spec = DecoderSpec(
-            target=target,
-            backend=values.get("backend", base.backend),
-            proposer=values.get("proposer", base.proposer),
-            draft=draft,
-            verifier=values.get("verifier", base.verifier),
-            prompt_lookup=replace(base.prompt_lookup, num_tokens=_int(values, "lookup", base.prompt_lookup.num_tokens),
-                                  max_ngram=_int(values, "ngram", base.prompt_lookup.max_ngram),
-                                  max_candidates=_int(values, "candidates", base.prompt_lookup.max_candidates)),
-            draft_config=replace(base.draft_config, k=_int(values, "k", base.draft_config.k),
-                                 confidence_threshold=_float(values, "confidence", base.draft_config.confidence_threshold)),
-            tree=values.get("tree"),
-            relation=values.get("relation", base.relation),
-            index=values.get("index"),
-            gate=values.get("gate"),
-            generation=replace(gen, limits=limits, exact=_bool(values, "exact", gen.exact)),
-        )
-        if "calibration" in values and spec.proposer != "auto":
-            raise MethodError(f"method {name!r}: calibration= configures proposer=auto, not {spec.proposer}")
-        if spec.proposer not in (*PROPOSERS, "auto"):  # planned_contracts reads anything unknown as REST
-            raise MethodError(f"method {name!r}: unknown proposer {spec.proposer!r}; "
-                              f"choose {', '.join(PROPOSERS)} or auto")
-        if spec.backend not in BACKENDS:
-            raise MethodError(f"method {name!r}: unknown backend {spec.backend!r}; choose {', '.join(BACKENDS)}")
-        if spec.proposer == "draft-model" and not spec.draft:
-            raise MethodError(f"method {name!r}: proposer=draft-model needs draft=MODEL (or --draft)")
-        if spec.proposer == "auto":
-            auto_preflight(spec)  # every candidate against the verifier, before any model is loaded
-        else:
-            planned_contracts(spec)  # unknown proposer, bad tree template, bad relation
-            preflight(spec)  # verifier refuses the contracts before any model is loaded
-    except MethodError:
-        raise
-    except ValueError as exc:
+        spec = spec_from_options(values, base)
+        if not spec.uses_draft_model:
+            spec = replace(spec, draft=None)  # a --draft for other methods is not this one's
+        check(spec)  # the verifier refuses the contracts before any model is loaded
+    except DraftwiseError as exc:  # bad keys, and pairings the verifier refuses
         raise MethodError(f"method {name!r}: {exc}") from exc
-    return MethodSpec(name=name, kind="dw", backend=spec.backend, target=target,
-                      draft=draft if spec.proposer in ("draft-model", "auto") else None, decoder=spec,
-                      calibration=values.get("calibration", CALIBRATION_WORKLOAD))
+    return MethodSpec(name=name, kind="dw", backend=spec.backend, target=spec.target, draft=spec.draft, decoder=spec)
+
 
 
 def _peer_method(name: str, kind: str, values: dict[str, str], defaults: MethodDefaults) -> MethodSpec:

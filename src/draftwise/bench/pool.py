@@ -11,13 +11,14 @@ from __future__ import annotations
 from typing import Callable
 
 from draftwise.backends.base import Backend
+from draftwise.errors import ModelError
 from draftwise.build import load_backend
 
 LOAD_ERRORS = (ImportError, OSError, ValueError, RuntimeError)
 LLAMA_N_CTX = 4096  # the draftwise llama.cpp backend's default context, so both see the same window
 
 
-class ModelUnavailable(RuntimeError):
+class ModelUnavailable(ModelError, RuntimeError):
     """A model or runtime that could not be loaded; the message is the reason."""
 
 
@@ -33,15 +34,13 @@ class ModelPool:
         """Progress for the run's console (model loads, what an automatic method chose)."""
         self._say(message)
 
-    def backend(self, model: str, kind: str, role: str = "target", leaves: int = 64) -> Backend:
+    def backend(self, model: str, kind: str, role: str = "target") -> Backend:
         """A draftwise backend ('transformers' or 'llamacpp') for `model`.  Targets and drafts are
         separate objects even for the same model: a backend holds one KV cache, and a draft
         sharing its target's cache would overwrite the rows the target is verifying against.
-        llama.cpp contexts are also keyed by their leaf budget: a one-sequence context serves
-        chains measurably faster than one sized for trees."""
-        leaves = leaves if kind == "llamacpp" else 0
-        return self._get(("backend", model, kind, role, leaves),
-                         lambda: load_backend(model, kind, self.threads, progress=self._say, max_tree_leaves=leaves))
+        Each backend sizes its per-round resources itself when a decoder starts."""
+        return self._get(("backend", model, kind, role),
+                         lambda: load_backend(model, kind, self.threads, progress=self._say))
 
     def llama(self, model: str, lookup_tokens: int | None) -> object:
         """llama-cpp-python's high-level `Llama`; with `lookup_tokens` it carries LlamaPromptLookupDecoding.

@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from draftwise.errors import InputError
 from draftwise.artifacts import ArtifactError, Manifest, read_manifest, staged_artifact, write_manifest
 
 ARTIFACT_KIND = "acceptance"
@@ -37,9 +38,9 @@ def selected_child_probs(h: Sequence[float]) -> np.ndarray:
     """Conditional rates h [W] -> positional probabilities p [W], p_j = h_j prod_{i<j}(1 - h_i)."""
     rates = np.asarray(h, dtype=np.float64)  # [W]
     if rates.ndim != 1:
-        raise ValueError(f"h must be a 1-D sequence of conditional rates, got shape {rates.shape}")
+        raise InputError(f"h must be a 1-D sequence of conditional rates, got shape {rates.shape}")
     if not np.all(np.isfinite(rates)) or np.any((rates < 0.0) | (rates > 1.0)):
-        raise ValueError(f"every conditional rate h_j must lie in [0, 1], got {rates.tolist()}")
+        raise InputError(f"every conditional rate h_j must lie in [0, 1], got {rates.tolist()}")
     # survival[j] = prod_{i<j} (1 - h_i): the chance that slots 0..j-1 were all rejected.
     survival = np.concatenate(([1.0], np.cumprod(1.0 - rates)[:-1]))  # [W]
     return validate_positional(rates * survival)
@@ -53,14 +54,14 @@ def validate_positional(p: Sequence[float] | Sequence[Sequence[float]] | np.ndar
     """
     arr = np.asarray(p, dtype=np.float64)
     if arr.ndim not in (1, 2) or arr.size == 0:
-        raise ValueError(f"positional acceptance must be a non-empty [W] or [D, W] array, got shape {arr.shape}")
+        raise InputError(f"positional acceptance must be a non-empty [W] or [D, W] array, got shape {arr.shape}")
     if not np.all(np.isfinite(arr)):
-        raise ValueError(f"positional acceptance holds a non-finite value: {arr.tolist()}")
+        raise InputError(f"positional acceptance holds a non-finite value: {arr.tolist()}")
     if np.any((arr < 0.0) | (arr > 1.0)):
-        raise ValueError(f"every positional acceptance p_j must lie in [0, 1], got {arr.tolist()}")
+        raise InputError(f"every positional acceptance p_j must lie in [0, 1], got {arr.tolist()}")
     sums = arr.sum(axis=-1)  # [] or [D]
     if np.any(sums > 1.0 + SUM_TOLERANCE):
-        raise ValueError(
+        raise InputError(
             f"positional acceptance sums to {np.max(sums):.15g} > 1: the slots are mutually exclusive "
             "outcomes of one verification step, so their probabilities cannot exceed 1 "
             "(did you pass conditional rates h instead of p? use selected_child_probs)"
@@ -77,7 +78,7 @@ def as_depth_matrix(p: Sequence[float] | Sequence[Sequence[float]] | np.ndarray)
 def row_for_depth(matrix: np.ndarray, depth: int) -> np.ndarray:
     """Slot probabilities [W] for children at `depth` (>= 1); deeper than measured reuses the last row."""
     if depth < 1:
-        raise ValueError(f"children live at depth >= 1, got {depth}")
+        raise InputError(f"children live at depth >= 1, got {depth}")
     return matrix[min(depth, matrix.shape[0]) - 1]
 
 
@@ -99,9 +100,9 @@ def _rows_from_counts(selected: Sequence[int], reached: int) -> dict[str, tuple]
     """One depth's counts -> h, p and their Wilson intervals (as tuples, JSON-ready)."""
     counts = [int(c) for c in selected]
     if reached < 0 or any(c < 0 for c in counts):
-        raise ValueError(f"counts must be non-negative, got selected={counts}, reached={reached}")
+        raise InputError(f"counts must be non-negative, got selected={counts}, reached={reached}")
     if sum(counts) > reached:
-        raise ValueError(f"selected counts {counts} sum to {sum(counts)} > reached {reached}: "
+        raise InputError(f"selected counts {counts} sum to {sum(counts)} > reached {reached}: "
                          "at most one child is selected per reached parent")
     h, h_ci, p, p_ci = [], [], [], []
     at_risk = reached  # parents whose slots < j were all rejected
@@ -121,10 +122,10 @@ def _per_depth(selected: Sequence[Any], reached: int | Sequence[int]) -> tuple[l
         rows = [[int(c) for c in row] for row in selected]
         reached_rows = [int(r) for r in reached] if isinstance(reached, (Sequence, np.ndarray)) else None
         if reached_rows is None or len(reached_rows) != len(rows):
-            raise ValueError("per-depth selected counts need one reached count per depth")
+            raise InputError("per-depth selected counts need one reached count per depth")
         return rows, reached_rows
     if isinstance(reached, (Sequence, np.ndarray)):
-        raise ValueError("one row of selected counts needs a single reached count")
+        raise InputError("one row of selected counts needs a single reached count")
     return [[int(c) for c in selected]], [int(reached)]
 
 
@@ -150,9 +151,9 @@ class AcceptanceProfile:
 
     def __post_init__(self) -> None:
         if not self.p or not self.p[0] or len({len(row) for row in self.p}) != 1:
-            raise ValueError("p must hold one or more depth rows of one non-zero width")
+            raise InputError("p must hold one or more depth rows of one non-zero width")
         if len(self.h) != len(self.p) or any(len(a) != len(b) for a, b in zip(self.h, self.p)):
-            raise ValueError("h and p must have the same [D][W] shape")
+            raise InputError("h and p must have the same [D][W] shape")
         validate_positional(self.p)
 
     @property
@@ -178,7 +179,7 @@ class AcceptanceProfile:
         """
         rows, reached = _per_depth(selected_counts_by_slot, reached_count)
         if len({len(r) for r in rows}) != 1 or not rows[0]:
-            raise ValueError("selected counts must be non-empty rows of one width")
+            raise InputError("selected counts must be non-empty rows of one width")
         stats = [_rows_from_counts(r, n) for r, n in zip(rows, reached)]
         return cls(
             p=tuple(s["p"] for s in stats),

@@ -34,7 +34,7 @@ from draftwise.optimize.calibrate import (
     calibration_spec,
     profile_from_counts,
 )
-from draftwise.optimize.hardware import VerifyCostProfile
+from draftwise.cost_profile import VerifyCostProfile
 from draftwise.optimize.select import TreeArtifact, load_tree_artifact, optimize_from_artifacts
 from draftwise.sampling import SamplingPolicy
 from draftwise.topology.compile import COMPILER_VERSION

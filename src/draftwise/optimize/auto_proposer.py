@@ -28,18 +28,18 @@ from typing import Callable, Sequence
 
 from draftwise.artifacts import stable_hash, write_manifest
 from draftwise.backends.base import Backend
-from draftwise.build import (DecoderSpec, build_decoder, fitted_generation, make_proposers, preflight,
-                             proposal_shape, tree_leaves_needed)
+from draftwise.build import build_decoder, fitted_generation, make_proposers, preflight, proposal_shape
+from draftwise.errors import DraftwiseError, InputError
+from draftwise.spec import CALIBRATION_WORKLOAD, AutoDrafter, AutoGate, DecoderSpec, GateProfile
 from draftwise.engine import GenerationConfig
 from draftwise.gate import CostGateConfig
 from draftwise.optimize.auto import AutoTreeConfig, artifact_matches, auto_gate_directory, ensure_profile, gate_rows
-from draftwise.optimize.hardware import VerifyCostProfile
+from draftwise.cost_profile import VerifyCostProfile
 from draftwise.optimize.replay import Trace, predicted_seconds, replay, trace_from_records
 from draftwise.verify.registry import VERIFIERS
 
 TRACES_KIND = "plain_traces"
 TRACES_FILE = "traces.json"
-CALIBRATION_WORKLOAD = "humaneval:0-1"  # the prompts `--proposer auto` and `--tree auto` calibrate on
 
 
 @dataclass(frozen=True)
@@ -71,31 +71,35 @@ class ProposerChoice:
 
 
 def candidate_specs(spec: DecoderSpec, has_draft: bool) -> tuple[list[tuple[str, DecoderSpec]], list[tuple[str, str]]]:
-    """(name, spec with gate "auto" standing for the shared profile) for every candidate, and
-    the skipped ones with their reason.  Settings the user gave (lookup length, index, draft
-    k, verifier, limits) carry into every candidate."""
-    base = replace(spec, proposer="none", gate=None, tree=None)
-    named = [("plain", base)]
-    for proposer in ("prompt-lookup", "rest"):
-        if proposer == "rest" and not spec.index:
-            continue
-        named += [(proposer, replace(base, proposer=proposer)), (f"{proposer}+gate", replace(base, proposer=proposer, gate="auto"))]
+    """(name, concrete spec; gate `AutoGate` standing for the shared profile) for every
+    candidate of `--proposer auto`, and the skipped ones with their reason.  Settings the user
+    gave (lookup length, index, draft k, verifier, limits) carry into every candidate."""
+    assert isinstance(spec.drafter, AutoDrafter)
+    base = replace(spec, drafter=None, gate=None, draft=None)
+    named: list[tuple[str, DecoderSpec]] = [("plain", base)]
     skipped: list[tuple[str, str]] = []
-    if has_draft:
-        if spec.generation.policy.greedy:
-            named.append(("draft-model", replace(base, proposer="draft-model")))
-        else:
-            skipped.append(("draft-model", "a sampling draft is accepted with min(1, p/q), which a trace cannot "
-                                           "replay; choose its tree with --proposer draft-model --tree auto"))
+    for drafter in spec.drafter.candidates:
+        family = drafter.family
+        if family.needs_draft_model:
+            if not has_draft:
+                continue
+            if not spec.generation.policy.greedy:
+                skipped.append((family.name, "a sampling draft is accepted with min(1, p/q), which a trace cannot "
+                                             f"replay; choose its tree with --proposer {family.name} --tree auto"))
+                continue
+        draft = spec.draft if family.needs_draft_model else None
+        named.append((family.name, replace(base, drafter=drafter, draft=draft)))
+        if family.free_to_ask:
+            named.append((f"{family.name}+gate", replace(base, drafter=drafter, draft=draft, gate=AutoGate())))
     kept = []
     for name, candidate in named:
         try:
             verifier = preflight(candidate)
-        except ValueError as exc:  # contract, policy and verifier errors are all ValueErrors
+        except DraftwiseError as exc:  # contract, policy and verifier refusals
             skipped.append((name, str(exc)))
             continue
         replayable = spec.generation.policy.greedy or VERIFIERS[verifier]().capabilities.any_candidates
-        if candidate.proposer != "none" and not replayable:
+        if candidate.drafter is not None and not replayable:
             # a replay accepts exactly the target's own tokens: what greedy and membership do
             skipped.append((name, f"verifier {verifier!r} accepts by its own rule, which a trace of the target "
                                   "alone cannot replay"))
@@ -104,16 +108,17 @@ def candidate_specs(spec: DecoderSpec, has_draft: bool) -> tuple[list[tuple[str,
     return kept, skipped
 
 
-def auto_preflight(spec: DecoderSpec) -> int:
+def auto_preflight(spec: DecoderSpec) -> str:
     """Refuse what `--proposer auto` cannot combine with, before any model is loaded; return
-    the leaf sequences the target's context must hold for every candidate."""
-    if spec.gate is not None or spec.tree is not None:
-        raise ValueError("--proposer auto tries each proposer with and without the cost gate, draft chains only; "
-                         "drop --gate and --tree (or pick the proposer yourself)")
+    the verifiers of the candidates that fit."""
     kept, skipped = candidate_specs(spec, has_draft=False)
+    trees = [c for _, c in kept if getattr(c.family_config, "tree", None) is not None]
+    if spec.gate is not None or trees:
+        raise InputError("--proposer auto tries each proposer with and without the cost gate, draft chains only; "
+                         "drop --gate and --tree (or pick the proposer yourself)")
     if len(kept) <= 1 and skipped:  # plain decoding alone (or nothing) is left: say why the others went
-        raise ValueError("--proposer auto: no proposer fits; " + "; ".join(f"{n}: {why}" for n, why in skipped))
-    return max(tree_leaves_needed(candidate) for _, candidate in kept)
+        raise InputError("--proposer auto: no proposer fits; " + "; ".join(f"{n}: {why}" for n, why in skipped))
+    return "auto (" + ", ".join(sorted({preflight(c) for _, c in kept})) + ")"
 
 
 def choose_for_workload(spec: DecoderSpec, target: Backend, draft: Backend | None, workload: str, cache_root: Path,
@@ -147,7 +152,7 @@ def ensure_traces(target: Backend, prompts: Sequence[Sequence[int]], generation:
         body = json.loads((directory / TRACES_FILE).read_text())
         return [Trace.from_dict(t) for t in body["traces"]]
     shutil.rmtree(directory, ignore_errors=True)
-    decoder = build_decoder(DecoderSpec(proposer="none", generation=generation), target)
+    decoder = build_decoder(DecoderSpec(drafter=None, generation=generation), target)
     traces = []
     for i, prompt in enumerate(prompts, 1):
         say(f"plain trace {i}/{len(prompts)} ({generation.max_new_tokens} new tokens)")
@@ -178,21 +183,21 @@ def choose_proposer(
     say = progress or (lambda message: None)
     trace_tokens = trace_tokens or spec.generation.max_new_tokens
     if not prompts:
-        raise ValueError("--proposer auto needs at least one calibration prompt")
+        raise InputError("--proposer auto needs at least one calibration prompt")
     candidates, skipped = candidate_specs(spec, draft is not None)
     if not candidates:  # even plain decoding was refused (a heuristic verifier without --allow-heuristic, ...)
-        raise ValueError("--proposer auto: no candidate fits; " + "; ".join(f"{n}: {why}" for n, why in skipped))
+        raise InputError("--proposer auto: no candidate fits; " + "; ".join(f"{n}: {why}" for n, why in skipped))
     generation = replace(spec.generation, max_new_tokens=trace_tokens)
     traces_dir = Path(cache_root) / "traces" / stable_hash(trace_key(target, prompts, generation))[:20]
     traces = ensure_traces(target, prompts, generation, traces_dir, say)
 
     max_rows = max(1 + candidate_rows(c) for _, c in candidates)
-    chain = all(tree_leaves_needed(c) == 0 for _, c in candidates)
+    chain = not any(c.drafter is not None and c.drafter.shape.branches for _, c in candidates)
     profile_dir = auto_gate_directory(target, max_rows, cache_root, profile_config, chain)
     profile = ensure_profile(target, profile_dir, gate_rows(max_rows), profile_config.profile_prefix_len,
                              profile_config.profile_repeats, say, chain)
 
-    resolved = [(name, replace(c, gate=str(profile_dir)) if c.gate == "auto" else c)  # the gate reads this profile
+    resolved = [(name, replace(c, gate=GateProfile(profile_dir)) if isinstance(c.gate, AutoGate) else c)  # the gate reads this profile
                 for name, c in candidates]
     replays = []
     for name, candidate in resolved:
@@ -250,7 +255,7 @@ def replay_candidate(spec: DecoderSpec, target: Backend, draft: Backend | None, 
 
 def candidate_rows(spec: DecoderSpec) -> int:
     """Candidate rows one round of `spec` can verify (REST: the tree limit, its tries vary)."""
-    if spec.proposer == "none":
+    if spec.drafter is None:
         return 0
     nodes, _ = proposal_shape(spec)
     limits = fitted_generation(spec).limits

@@ -21,36 +21,21 @@ after the prompt read, in seconds (the optimizer divides by the profile's t(1)).
 from __future__ import annotations
 
 import datetime
-import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from draftwise.artifacts import stable_hash
-from draftwise.build import DecoderSpec
 from draftwise.contracts import SamplingRelation
 from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.errors import InputError
 from draftwise.optimize.acceptance import AcceptanceProfile
-from draftwise.proposers.prompt_lookup import PromptLookupConfig
+from draftwise.proposers.family import DrafterRegistry
+from draftwise.proposers.registry import DRAFTERS
 from draftwise.sampling import SamplingPolicy
+from draftwise.spec import DecoderSpec, DrafterSpec
 from draftwise.stats import RoundRecord
-from draftwise.topology.templates import Template, cartesian
-
-
-def calibration_template(width: int, depth: int, relation: SamplingRelation) -> Template:
-    """Width-W trees of depth D for a draft model.  A sampled depth-1 template would be a
-    one-position set, which the automatic choice verifies by SpecTr (i.i.d.) and nothing else
-    (without replacement), while the trees the calibration feeds are verified per node by
-    SpecInfer or Sequoia, with other slot acceptances; so sampled calibration at depth 1 grows
-    one child under each slot, to be verified as a tree, and counts depth 1 only."""
-    widths = [width] * depth
-    if depth == 1 and relation in (SamplingRelation.IID, SamplingRelation.WITHOUT_REPLACEMENT):
-        widths.append(1)
-    return cartesian(widths)
-
-
-CALIBRATED_PROPOSERS = ("draft-model", "prompt-lookup")
 
 
 def relation_for(policy: SamplingPolicy) -> SamplingRelation:
@@ -59,24 +44,29 @@ def relation_for(policy: SamplingPolicy) -> SamplingRelation:
     return SamplingRelation.BEAM if policy.greedy else SamplingRelation.WITHOUT_REPLACEMENT
 
 
+def calibrated_families(registry: DrafterRegistry = DRAFTERS) -> list[str]:
+    return [f.name for f in registry.families() if f.calibrated is not None]
+
+
 def calibration_spec(target: str, backend: str, threads: Optional[int], proposer: str, draft: Optional[str],
                      width: int, depth: int, relation: Optional[str], policy: SamplingPolicy,
-                     max_new_tokens: int, seed: int) -> DecoderSpec:
-    """The decoder whose rounds are counted: width-W trees of depth D from the proposer.
-    Draft-model children are top-k under greedy decoding (verified greedily) and drawn without
-    replacement when sampling (verified by Sequoia) unless `relation` says otherwise."""
-    if proposer not in CALIBRATED_PROPOSERS:
-        raise ValueError(f"calibration measures {', '.join(CALIBRATED_PROPOSERS)}, not {proposer!r}")
+                     max_new_tokens: int, seed: int, registry: DrafterRegistry = DRAFTERS) -> DecoderSpec:
+    """The decoder whose rounds are counted: the family's width-W trees of depth D.  Children
+    are top-k under greedy decoding (verified greedily) and drawn without replacement when
+    sampling (verified by Sequoia) unless `relation` says otherwise."""
+    family = registry.get(proposer)
+    if family.calibrated is None:
+        raise InputError(f"calibration measures {', '.join(calibrated_families(registry))}, not {proposer!r}")
     if width < 1 or depth < 1:
-        raise ValueError(f"--width and --depth must be >= 1, got {width} and {depth}")
+        raise InputError(f"--width and --depth must be >= 1, got {width} and {depth}")
+    try:
+        chosen = SamplingRelation(relation) if relation else relation_for(policy)
+    except ValueError as exc:
+        raise InputError(f"relation {relation!r}: choose one of {', '.join(r.value for r in SamplingRelation)}") from exc
     generation = GenerationConfig(max_new_tokens=max_new_tokens, policy=policy, seed=seed)
-    spec = DecoderSpec(target=target, backend=backend, proposer=proposer, draft=draft, threads=threads,
-                       generation=generation)
-    if proposer == "prompt-lookup":
-        return replace(spec, prompt_lookup=PromptLookupConfig(num_tokens=depth, max_candidates=width))
-    chosen = SamplingRelation(relation) if relation else relation_for(policy)
-    template = calibration_template(width, depth, chosen)
-    return replace(spec, tree=json.dumps([list(path) for path in template]), relation=chosen.value)
+    drafter = DrafterSpec(family, family.calibrated(width, depth, chosen))
+    return DecoderSpec(target=target, backend=backend, drafter=drafter,
+                       draft=draft if family.needs_draft_model else None, threads=threads, generation=generation)
 
 
 @dataclass(frozen=True)
@@ -95,7 +85,7 @@ class CalibrationCounts:
 def count_slots(records: Sequence[RoundRecord], width: int, depth: int) -> tuple[list[list[int]], list[int]]:
     """Selected-slot counts [D][W] and reached-parent counts [D] from the round ledger."""
     if width < 1 or depth < 1:
-        raise ValueError(f"width and depth must be >= 1, got width={width}, depth={depth}")
+        raise InputError(f"width and depth must be >= 1, got width={width}, depth={depth}")
     selected = [[0] * width for _ in range(depth)]
     reached = [0] * depth
     for record in records:
@@ -106,7 +96,7 @@ def count_slots(records: Sequence[RoundRecord], width: int, depth: int) -> tuple
             reached[k] += 1
         for k, (offered, slot) in enumerate(record.slot_path[:levels]):
             if offered > width:
-                raise ValueError(f"a round offered {offered} children at depth {k + 1}, more than the width {width}")
+                raise InputError(f"a round offered {offered} children at depth {k + 1}, more than the width {width}")
             if slot >= 0:
                 selected[k][slot] += 1
     return selected, reached
@@ -121,7 +111,7 @@ def calibrate(
 ) -> CalibrationCounts:
     """Run `decoder` on every prompt and count slot selections; `progress(done, total)`."""
     if not prompts:
-        raise ValueError("calibration needs at least one prompt")
+        raise InputError("calibration needs at least one prompt")
     records: list[RoundRecord] = []
     new_tokens = 0
     for i, prompt in enumerate(prompts):
@@ -133,7 +123,7 @@ def calibrate(
     selected, reached = count_slots(records, width, depth)
     asked = [r for r in records if r.asked]
     if not asked:
-        raise ValueError("no calibration round asked the proposer (max_new_tokens too small?)")
+        raise InputError("no calibration round asked the proposer (max_new_tokens too small?)")
     # per-round costs: round 1's forward reads the prompt too, and its proposal includes the
     # draft's own prompt prefill; neither is what a round costs afterwards
     steady = [r for r in asked if not r.reads_prompt] or asked

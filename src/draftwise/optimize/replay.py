@@ -29,7 +29,7 @@ import numpy as np
 
 from draftwise.engine import round_limits
 from draftwise.gate import CostGate, CostGateConfig, gate_round
-from draftwise.optimize.hardware import VerifyCostProfile
+from draftwise.cost_profile import VerifyCostProfile
 from draftwise.proposers.base import Proposer
 from draftwise.sampling import SamplingPolicy
 from draftwise.topology.compile import CompiledRound, TreeLimits, compile_round

@@ -29,9 +29,10 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from draftwise.errors import InputError
 from draftwise.artifacts import ArtifactError, Manifest, read_manifest, stable_hash, staged_artifact, write_manifest
 from draftwise.optimize.acceptance import AcceptanceProfile
-from draftwise.optimize.hardware import VerifyCostProfile
+from draftwise.cost_profile import VerifyCostProfile
 from draftwise.optimize.sequoia_dp import Paths, solve, validate_paths
 
 ARTIFACT_KIND = "tree"
@@ -117,15 +118,15 @@ def optimize_tree(
     """
     ns = sorted({int(n) for n in n_range})
     if not ns or ns[0] < 1:
-        raise ValueError(f"n_range must hold node counts >= 1 (the root counts), got {ns}")
+        raise InputError(f"n_range must hold node counts >= 1 (the root counts), got {ns}")
     if not np.isfinite(c) or c < 0:
-        raise ValueError(f"draft cost c must be finite and >= 0, got {c}")
+        raise InputError(f"draft cost c must be finite and >= 0, got {c}")
     table = solve(p, ns[-1], d_max)
     grid: list[GridPoint] = []
     for n in ns:
         t_n = float(profile_t(n))
         if not np.isfinite(t_n) or t_n <= 0:
-            raise ValueError(f"profile_t({n}) = {t_n}: verification time must be positive")
+            raise InputError(f"profile_t({n}) = {t_n}: verification time must be positive")
         for d in range(d_max + 1):
             if not table.feasible(n, d):
                 grid.append(GridPoint(n, d, None, None, None, None))
@@ -137,7 +138,7 @@ def optimize_tree(
             grid.append(GridPoint(n, d, g, time, time / g, g / time))
     feasible = [pt for pt in grid if pt.expected_tokens is not None]
     if not feasible:
-        raise ValueError(f"no tree fits n in {ns}, depth <= {d_max} and the slot width of p")
+        raise InputError(f"no tree fits n in {ns}, depth <= {d_max} and the slot width of p")
     best = min(feasible, key=lambda pt: (pt.time_per_token, pt.n, pt.d))
     return TreeChoice(
         n=best.n, d=best.d, expected_tokens=best.expected_tokens, time_per_token=best.time_per_token,
@@ -211,25 +212,25 @@ def load_tree_artifact(
 def check_compatible(acceptance: Mapping[str, Any], profile: VerifyCostProfile) -> None:
     """A tree optimized from artifacts of different configurations predicts nothing."""
     if acceptance.get("target") != profile.model:
-        raise ValueError(f"acceptance was measured on {acceptance.get('target')}, the profile on {profile.model}")
+        raise InputError(f"acceptance was measured on {acceptance.get('target')}, the profile on {profile.model}")
     if acceptance.get("backend") != profile.backend:
-        raise ValueError(f"acceptance was measured on backend {acceptance.get('backend')}, the profile on {profile.backend}")
+        raise InputError(f"acceptance was measured on backend {acceptance.get('backend')}, the profile on {profile.backend}")
     threads = acceptance.get("threads")
     if threads and profile.threads and int(threads) != int(profile.threads):
-        raise ValueError(f"acceptance was measured with {threads} threads, the profile with {profile.threads}")
+        raise InputError(f"acceptance was measured with {threads} threads, the profile with {profile.threads}")
 
 
 def check_draft_profile(acceptance: Mapping[str, Any], target: VerifyCostProfile, draft: VerifyCostProfile) -> None:
     """The draft's profile must time the draft that was calibrated, on the target's backend and threads."""
     drafts = {p.get("checkpoint") for p in acceptance.get("proposers", []) if p.get("name") == "draft-model"}
     if draft.model not in drafts:
-        raise ValueError(f"the draft profile times {draft.model}; the calibration drafted with "
+        raise InputError(f"the draft profile times {draft.model}; the calibration drafted with "
                          f"{', '.join(sorted(map(str, drafts))) or 'no draft model'}")
     if draft.backend != target.backend or int(draft.threads) != int(target.threads):
-        raise ValueError(f"the draft profile was measured on {draft.backend} with {draft.threads} threads, the target's "
+        raise InputError(f"the draft profile was measured on {draft.backend} with {draft.threads} threads, the target's "
                          f"on {target.backend} with {target.threads}")
     if draft.absolute_s is None or target.absolute_s is None:
-        raise ValueError("pricing the draft by its profile needs measured seconds in both profiles")
+        raise InputError("pricing the draft by its profile needs measured seconds in both profiles")
 
 
 def draft_steps(draft: VerifyCostProfile, target: VerifyCostProfile) -> Callable[[float], float]:
@@ -265,17 +266,17 @@ def optimize_from_artifacts(
     check_compatible(acceptance.provenance, cost)
     draft_forward, draft_catch_up, draft_hash, catch_up_hash = None, None, None, None
     if draft_catch_up_dir is not None and draft_profile_dir is None:
-        raise ValueError("a catch-up profile prices part of the drafting: give the draft's verify profile too")
+        raise InputError("a catch-up profile prices part of the drafting: give the draft's verify profile too")
     if draft_profile_dir is not None:
         if draft_cost is not None:
-            raise ValueError("give a flat draft cost or a draft profile, not both")
+            raise InputError("give a flat draft cost or a draft profile, not both")
         draft_cost = 0.0
         draft_forward, draft_hash = load_draft_steps(draft_profile_dir, acceptance.provenance, cost)
         if draft_catch_up_dir is not None:
             draft_catch_up, catch_up_hash = load_draft_steps(draft_catch_up_dir, acceptance.provenance, cost)
     elif draft_cost is None:
         if cost.absolute_s is None or "draft_step_seconds" not in acceptance.provenance:
-            raise ValueError("no measured draft cost: pass --draft-cost (plain-step units)")
+            raise InputError("no measured draft cost: pass --draft-cost (plain-step units)")
         draft_cost = float(acceptance.provenance["draft_step_seconds"]) / cost.absolute_at(1)
     last = cost.max_rows if max_nodes is None else min(max_nodes, cost.max_rows)
     choice = optimize_tree(acceptance.matrix, cost.relative_at, draft_cost, range(cost.rows[0], last + 1), max_depth,

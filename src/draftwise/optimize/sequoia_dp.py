@@ -37,6 +37,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from draftwise.errors import InputError
 from draftwise.optimize.acceptance import as_depth_matrix, row_for_depth
 
 Path = tuple[int, ...]
@@ -58,13 +59,13 @@ def validate_paths(paths: Sequence[Sequence[int]]) -> Paths:
     seen: set[Path] = set()
     for path in result:
         if not path or any(s < 0 for s in path):
-            raise ValueError(f"path {path} must be a non-empty tuple of non-negative slot indices")
+            raise InputError(f"path {path} must be a non-empty tuple of non-negative slot indices")
         if path in seen:
-            raise ValueError(f"path {path} is listed twice")
+            raise InputError(f"path {path} is listed twice")
         if len(path) > 1 and path[:-1] not in seen:
-            raise ValueError(f"path {path} comes before (or without) its parent {path[:-1]}")
+            raise InputError(f"path {path} comes before (or without) its parent {path[:-1]}")
         if path[-1] > 0 and path[:-1] + (path[-1] - 1,) not in seen:
-            raise ValueError(f"path {path} has no earlier sibling slot {path[-1] - 1} before it")
+            raise InputError(f"path {path} has no earlier sibling slot {path[-1] - 1} before it")
         seen.add(path)
     return result
 
@@ -81,7 +82,7 @@ def expected_tokens(p: Sequence[float] | Sequence[Sequence[float]] | np.ndarray,
     total = 1.0
     for path in validate_paths(paths):
         if max(path) >= width:
-            raise ValueError(f"path {path} uses a slot beyond the calibrated width {width}")
+            raise InputError(f"path {path} uses a slot beyond the calibrated width {width}")
         prob = 1.0
         for depth, slot in enumerate(path, start=1):
             prob *= float(row_for_depth(matrix, depth)[slot])
@@ -189,14 +190,14 @@ class SequoiaTable:
     def paths(self, n: int, d: int) -> Paths:
         """The optimal tree (root excluded) as Medusa/vLLM paths in breadth-first order."""
         if not self.feasible(n, d):
-            raise ValueError(f"no tree of {n} nodes and depth <= {d} fits slot width {self.p.shape[1]}")
+            raise InputError(f"no tree of {n} nodes and depth <= {d} fits slot width {self.p.shape[1]}")
         return canonical_order(_subtree(self.tables[d], n, 0, ()))
 
 
 def solve(p: Sequence[float] | Sequence[Sequence[float]] | np.ndarray, n_max: int, d_max: int) -> SequoiaTable:
     """Run the DP for every n <= n_max and depth bound d <= d_max."""
     if n_max < 1 or d_max < 0:
-        raise ValueError(f"need n_max >= 1 and d_max >= 0, got {n_max}, {d_max}")
+        raise InputError(f"need n_max >= 1 and d_max >= 0, got {n_max}, {d_max}")
     matrix = as_depth_matrix(p).copy()  # [D, W]
     matrix.flags.writeable = False
     # Each depth bound is solved on its own: with depth-indexed p a subtree's value depends
@@ -235,7 +236,7 @@ def _forest_paths(forest: tuple, prefix: Path) -> list[Path]:
 def enumerate_trees(n: int) -> Iterator[Paths]:
     """All ordered trees of n nodes (root included), as breadth-first path tuples."""
     if not 1 <= n <= BRUTE_FORCE_MAX_NODES:
-        raise ValueError(f"brute force enumerates 1..{BRUTE_FORCE_MAX_NODES} nodes, got {n}")
+        raise InputError(f"brute force enumerates 1..{BRUTE_FORCE_MAX_NODES} nodes, got {n}")
     for forest in _ordered_forests(n - 1):
         yield canonical_order(_forest_paths(forest, ()))
 

@@ -1,18 +1,31 @@
 """The proposer role: a cheap source of candidate tokens with a declared contract.
 
-Two methods carry the work (`propose`, and `observe` for feedback such as adaptive length);
-`begin` hands over the generation's sampling policy and generator once, so a sampling
-proposer draws from the same policy the verifier applies to the target.
+Two methods carry the work: `propose`, and `observe`, which hands back what the verifier
+decided about the proposal (the accepted nodes and the published tokens) so a proposer with
+state of its own (a draft model's KV cache, a head's hidden-state input, a shallow-layer
+cache) commits the accepted part and rolls back the rest with the round.  `begin` hands over
+the generation's sampling policy and generator once, so a sampling proposer draws from the
+same policy the verifier applies to the target.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 import numpy as np
 
 from draftwise.contracts import ProposalResult, ProposerContract
 from draftwise.sampling import SamplingPolicy
+
+
+@dataclass(frozen=True, eq=False)
+class RoundFeedback:
+    """What one round decided about one proposer's proposal."""
+
+    result: ProposalResult  # the proposal as returned (its `state` handle included)
+    accepted: tuple[int, ...]  # indices into result.nodes on the accepted path, root first
+    published: tuple[int, ...]  # tokens published this round: accepted, then the target's own (stop rules applied)
 
 
 class Proposer(Protocol):
@@ -32,5 +45,5 @@ class Proposer(Protocol):
         `max_depth`: the deepest candidate this round can still verify (the compiler cuts the
         rest); a proposer that pays per depth, such as a draft model, stops there."""
 
-    def observe(self, accepted: int) -> None:
-        """Feedback: how many of the last proposal's tokens the verifier accepted."""
+    def observe(self, feedback: RoundFeedback) -> None:
+        """The round's outcome for the last proposal: keep state for the accepted path, drop the rest."""

@@ -33,9 +33,14 @@ from draftwise.contracts import (
     SamplingRelation,
     TopologyKind,
 )
+from draftwise.errors import InputError
+from draftwise.options import option
+from draftwise.proposers.base import RoundFeedback
+from draftwise.proposers.family import CandidateShape, DrafterFamily, DrafterResources
 from draftwise.sampling import SamplingPolicy, sample
 from draftwise.topology.compile import TreeLimits, compile_round
-from draftwise.topology.templates import Template, max_depth, max_depth as max_depth_of, num_children, slots_by_parent
+from draftwise.topology.tree_spec import TreeSpec, TreeTemplate, parse_tree, show_tree
+from draftwise.topology.templates import Template, cartesian, max_depth, max_depth as max_depth_of, num_children, slots_by_parent
 from draftwise.verify.sequoia import without_replacement_q
 
 RAW = SamplingPolicy(temperature=1.0)  # the draft's own softmax, for its confidence
@@ -47,19 +52,31 @@ class TokenizerMismatch(ContractError):
 
 @dataclass(frozen=True)
 class DraftConfig:
-    k: int = 8  # chain length (chain mode)
-    confidence_threshold: float = 0.4  # stop the chain after a token the draft gave less than this; 0 disables
-    template: Template | None = None  # tree mode when given
-    relation: SamplingRelation = SamplingRelation.IID  # how tree children are drawn
+    k: int = option(8, help="chain length (chain mode)")
+    # transformers' assistant_confidence_threshold
+    confidence_threshold: float = option(0.4, key="confidence",
+                                         help="stop the chain after a token the draft gave less than this; 0 disables")
+    tree: TreeSpec | None = option(None, parse=parse_tree, show=show_tree,
+                                   help="tree mode: chain:4, wbd:2,2,1, cartesian:3,2,2, JSON paths, a `tree optimize` "
+                                        "directory, or auto")
+    relation: SamplingRelation = option(SamplingRelation.IID, help="how tree children are drawn: iid | "
+                                                                   "without_replacement | beam (top-k)")
 
     def __post_init__(self) -> None:
         if self.k < 1:
-            raise ValueError(f"draft length k must be >= 1, got {self.k}")
+            raise InputError(f"draft length k must be >= 1, got {self.k}")
         if not 0.0 <= self.confidence_threshold < 1.0:
-            raise ValueError(f"confidence threshold must be in [0, 1), got {self.confidence_threshold}")
+            raise InputError(f"confidence threshold must be in [0, 1), got {self.confidence_threshold}")
         allowed = {SamplingRelation.IID, SamplingRelation.WITHOUT_REPLACEMENT, SamplingRelation.BEAM}
         if self.relation not in allowed:
-            raise ValueError(f"tree children can be drawn {sorted(r.value for r in allowed)}, not {self.relation.value}")
+            raise InputError(f"tree children can be drawn {sorted(r.value for r in allowed)}, not {self.relation.value}")
+
+    @property
+    def template(self) -> Template | None:
+        """The paths drawn from; an artifact or `auto` must have been resolved first."""
+        if self.tree is None or isinstance(self.tree, TreeTemplate):
+            return None if self.tree is None else self.tree.paths
+        raise InputError(f"tree {self.tree} is not resolved to a template yet (draftwise.open_decoder resolves it)")
 
 
 def draft_contract(template: Template | None, relation: SamplingRelation) -> ProposerContract:
@@ -68,6 +85,42 @@ def draft_contract(template: Template | None, relation: SamplingRelation) -> Pro
         return ProposerContract(ProbabilitySemantics.NORMALIZED_CONDITIONAL, SamplingRelation.IID, TopologyKind.SEQUENCE)
     topology = TopologyKind.SET if max_depth(template) == 1 else TopologyKind.TREE
     return ProposerContract(ProbabilitySemantics.NORMALIZED_CONDITIONAL, relation, topology)
+
+
+def config_contract(config: DraftConfig) -> ProposerContract:
+    """The contract from the config alone.  An artifact or `auto` tree is a multi-level tree
+    (`tree optimize` and the auto planner emit one, or fall back to plain decoding)."""
+    if config.tree is None or isinstance(config.tree, TreeTemplate):
+        return draft_contract(config.template, config.relation)
+    return ProposerContract(ProbabilitySemantics.NORMALIZED_CONDITIONAL, config.relation, TopologyKind.TREE)
+
+
+def config_shape(config: DraftConfig) -> CandidateShape:
+    if config.tree is None:
+        return CandidateShape(config.k, config.k, False)
+    if isinstance(config.tree, TreeTemplate):
+        paths = config.tree.paths
+        return CandidateShape(len(paths), max_depth(paths), True)
+    return CandidateShape(0, 0, True)  # chosen later, within the round's tree limits
+
+
+def draft_tree_rows(template: Template | None) -> int:
+    """Branching rows the draft's own context must hold to re-read a tree level by level: the
+    leaves of the tree above its last level (a new leaf takes over its parent's sequence)."""
+    if not template:
+        return 0
+    deepest = max_depth(template)
+    above = {path for path in template if len(path) < deepest}
+    parents = {path[:-1] for path in above}
+    return sum(path not in parents for path in above)
+
+
+@dataclass(frozen=True)
+class DraftCacheMark:
+    """A proposal's state handle: where the draft's cache stood when it proposed."""
+
+    context_len: int  # committed tokens, the pending one included
+    fed_drafts: int  # drafted tokens the proposal appended to the draft's cache after them
 
 
 class DraftModelProposer:
@@ -82,7 +135,7 @@ class DraftModelProposer:
             )
         self.draft = draft
         self.config = config
-        self.contract = draft_contract(config.template, config.relation)
+        self.contract = config_contract(config)
         self._cached: list[int] = []  # tokens whose KV rows the draft holds
         self._policy = SamplingPolicy()
         self._rng = np.random.default_rng(0)
@@ -99,11 +152,20 @@ class DraftModelProposer:
 
     def begin(self, policy: SamplingPolicy, rng: np.random.Generator) -> None:
         self._policy, self._rng = policy, rng
+        self.draft.reserve(draft_tree_rows(self.config.template))
         self.draft.reset()
         self._cached = []
 
-    def observe(self, accepted: int) -> None:
-        pass
+    def observe(self, feedback: RoundFeedback) -> None:
+        """Roll the draft's cache back to the committed text: a chain fed its drafted tokens
+        into the cache, and only the accepted ones are now context."""
+        mark = feedback.result.state
+        if not isinstance(mark, DraftCacheMark):
+            return
+        keep = mark.context_len + min(len(feedback.accepted), mark.fed_drafts)
+        if keep < len(self._cached):
+            self.draft.truncate(keep)
+            del self._cached[keep:]
 
     def propose(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None) -> ProposalResult:
         # drafting costs a forward per depth: never draft what the round cannot verify (the
@@ -120,8 +182,11 @@ class DraftModelProposer:
                 template = tuple(path for path in template if len(path) <= max_depth)
             template = fit_template(template, room)
             nodes, dists = self._tree(context, template) if template else ([], {})
+        # a chain leaves its drafted tokens but the last in the draft's cache; a tree rolls its rows back itself
+        mark = DraftCacheMark(len(context), max(len(nodes) - 1, 0) if self.config.template is None else 0)
         return ProposalResult(
-            nodes=tuple(nodes), contract=self.contract, source=self.name, manifest_hash=manifest_hash, distributions=dists
+            nodes=tuple(nodes), contract=self.contract, source=self.name, manifest_hash=manifest_hash,
+            distributions=dists, state=mark,
         )
 
     # ---- chain: incremental extend ------------------------------------------------------------
@@ -253,3 +318,34 @@ def _depth(slots, i: int) -> int:
         i = slots[i].parent
         depth += 1
     return depth
+
+
+def calibrated_config(width: int, depth: int, relation: SamplingRelation) -> DraftConfig:
+    """Width-W trees of depth D.  A sampled depth-1 template would be a one-position set, which
+    the automatic choice verifies by SpecTr (i.i.d.) and nothing else (without replacement),
+    while the trees the calibration feeds are verified per node by SpecInfer or Sequoia, with
+    other slot acceptances; so sampled calibration at depth 1 grows one child under each slot,
+    to be verified as a tree, and counts depth 1 only."""
+    widths = [width] * depth
+    if depth == 1 and relation in (SamplingRelation.IID, SamplingRelation.WITHOUT_REPLACEMENT):
+        widths.append(1)
+    return DraftConfig(tree=TreeTemplate(cartesian(widths)), relation=relation)
+
+
+def _open(config: DraftConfig, resources: DrafterResources) -> DraftModelProposer:
+    assert resources.draft is not None  # DrafterFamily.make refuses a missing draft first
+    return DraftModelProposer(resources.draft, resources.target.info.tokenizer_hash, config)
+
+
+FAMILY = DrafterFamily(
+    name="draft-model",
+    config=DraftConfig,
+    contract=config_contract,
+    shape=config_shape,
+    build=_open,
+    summary="a smaller model with the target's tokenizer drafts a chain or a tree",
+    needs_draft_model=True,
+    auto_candidate=True,
+    auto_tree=True,
+    calibrated=calibrated_config,
+)

@@ -22,18 +22,29 @@ from draftwise.contracts import (
     SamplingRelation,
     TopologyKind,
 )
+from draftwise.errors import InputError
+from draftwise.options import option
+from draftwise.proposers.base import RoundFeedback
+from draftwise.proposers.family import CandidateShape, DrafterFamily
 from draftwise.sampling import SamplingPolicy
 
 
 @dataclass(frozen=True)
 class PromptLookupConfig:
-    num_tokens: int = 10  # transformers' prompt_lookup_num_tokens
-    max_ngram: int = 2  # transformers' max_matching_ngram_size default
-    max_candidates: int = 1  # > 1: tree of the continuations of the most recent occurrences
+    # transformers' prompt_lookup_num_tokens
+    num_tokens: int = option(10, key="lookup", help="tokens copied per continuation")
+    # transformers' max_matching_ngram_size default
+    max_ngram: int = option(2, key="ngram", help="longest suffix n-gram matched")
+    max_candidates: int = option(1, key="candidates", help="> 1: a tree of that many continuations")
 
     def __post_init__(self) -> None:
         if self.num_tokens < 1 or self.max_ngram < 1 or self.max_candidates < 1:
-            raise ValueError(f"prompt lookup settings must be >= 1, got {self}")
+            raise InputError(f"prompt lookup settings must be >= 1, got {self}")
+
+
+def lookup_contract(config: PromptLookupConfig) -> ProposerContract:
+    topology = TopologyKind.SEQUENCE if config.max_candidates == 1 else TopologyKind.TREE
+    return ProposerContract(ProbabilitySemantics.ABSENT, SamplingRelation.DETERMINISTIC_LOOKUP, topology)
 
 
 class PromptLookupProposer:
@@ -42,8 +53,7 @@ class PromptLookupProposer:
 
     def __init__(self, config: PromptLookupConfig = PromptLookupConfig()) -> None:
         self.config = config
-        topology = TopologyKind.SEQUENCE if config.max_candidates == 1 else TopologyKind.TREE
-        self.contract = ProposerContract(ProbabilitySemantics.ABSENT, SamplingRelation.DETERMINISTIC_LOOKUP, topology)
+        self.contract = lookup_contract(config)
 
     def identity(self) -> dict:
         return {"name": self.name, **self.config.__dict__}
@@ -51,8 +61,8 @@ class PromptLookupProposer:
     def begin(self, policy: SamplingPolicy, rng: np.random.Generator) -> None:
         pass  # stateless: the context is all it reads
 
-    def observe(self, accepted: int) -> None:
-        pass
+    def observe(self, feedback: RoundFeedback) -> None:
+        pass  # stateless: the next context already holds what was published
 
     def propose(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None) -> ProposalResult:
         continuations = find_continuations(np.asarray(context, dtype=np.int64), self.config)
@@ -92,3 +102,17 @@ def find_continuations(ids: np.ndarray, config: PromptLookupConfig) -> list[np.n
         if found:
             return found
     return []
+
+
+FAMILY = DrafterFamily(
+    name="prompt-lookup",
+    config=PromptLookupConfig,
+    contract=lookup_contract,
+    shape=lambda c: CandidateShape(c.num_tokens * c.max_candidates, c.num_tokens, c.max_candidates > 1),
+    build=lambda config, resources: PromptLookupProposer(config),
+    summary="copy what followed an earlier occurrence of the context's last n-gram",
+    free_to_ask=True,
+    auto_candidate=True,
+    # width continuations of depth tokens (lookup is deterministic: the relation is its own)
+    calibrated=lambda width, depth, relation: PromptLookupConfig(num_tokens=depth, max_candidates=width),
+)

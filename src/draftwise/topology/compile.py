@@ -8,7 +8,7 @@ Coordinates (see DESIGN.md): with `prefix_len` committed tokens, the last of the
 pending token at position prefix_len - 1, candidate row r sits at position
 prefix_len + depth[r] - 1.  The target logits come back as row 0 = frontier (the pending
 token's output) and row r + 1 = the output of candidate row r, so the distribution that
-scores token_ids[r] is logits row predictor_row[r] + 1.
+scores token_ids[r] is logits row parent[r] + 1 (a row's own logits predict its children).
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ class CompiledRound:
     depth: np.ndarray  # [N] int64, >= 1
     position_ids: np.ndarray  # [N] int64, prefix_len + depth - 1
     ancestor_mask: np.ndarray  # [N, N] bool, self and ancestors
-    predictor_row: np.ndarray  # [N] int64, row whose logits score this row (-1 = frontier)
     source_id: np.ndarray  # [N] int64, index into `sources` of the first result that proposed the row
     sources: tuple[str, ...]
     q: np.ndarray  # [N] float64, proposal probability; NaN where the source has none
@@ -153,7 +152,6 @@ def _assemble(prefix_len, tokens, parents, depths, source_ids, qs, scores, origi
         depth=depth,
         position_ids=prefix_len + depth - 1,
         ancestor_mask=mask,
-        predictor_row=parent.copy(),
         source_id=np.asarray(source_ids, dtype=np.int64).reshape(n),
         sources=tuple(sources),
         q=np.asarray(qs, dtype=np.float64).reshape(n),
@@ -172,7 +170,7 @@ def validate_candidate_graph(round_: CompiledRound, results: list[ProposalResult
     """Raise GraphError on any broken invariant; with `results`, also check every input
     node landed on a row with exactly its own full prefix (catches (depth, token) merging)."""
     n = round_.n
-    for name in ("token_ids", "parent", "depth", "position_ids", "predictor_row", "source_id", "q", "score"):
+    for name in ("token_ids", "parent", "depth", "position_ids", "source_id", "q", "score"):
         if getattr(round_, name).shape != (n,):
             raise GraphError(f"{name} has shape {getattr(round_, name).shape}, expected ({n},)")
     if round_.ancestor_mask.shape != (n, n):
@@ -189,8 +187,6 @@ def validate_candidate_graph(round_: CompiledRound, results: list[ProposalResult
                 f"row {r} sits at position {round_.position_ids[r]}, expected prefix_len + depth - 1 = "
                 f"{round_.prefix_len + round_.depth[r] - 1}"
             )
-        if round_.predictor_row[r] != p:
-            raise GraphError(f"row {r} is scored by row {round_.predictor_row[r]}, but its parent is {p}")
         want_mask = np.zeros(n, dtype=bool)
         a = r
         while a != -1:

@@ -17,6 +17,8 @@ import itertools
 import json
 from typing import Iterable, NamedTuple, Sequence
 
+from draftwise.errors import InputError
+
 Path = tuple[int, ...]
 Template = tuple[Path, ...]
 
@@ -32,20 +34,20 @@ def from_paths(paths: Iterable[Sequence[int]]) -> Template:
     for raw in paths:
         path = tuple(raw)
         if not path:
-            raise ValueError("a template path must be non-empty: the frontier itself is not a node")
+            raise InputError("a template path must be non-empty: the frontier itself is not a node")
         if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in path):
-            raise ValueError(f"template path {path} must hold non-negative integer slot indices")
+            raise InputError(f"template path {path} must hold non-negative integer slot indices")
         unique.add(path)
     for path in unique:
         if len(path) > 1 and path[:-1] not in unique:
-            raise ValueError(f"template path {path} lacks its prefix {path[:-1]}: every prefix must be present")
+            raise InputError(f"template path {path} lacks its prefix {path[:-1]}: every prefix must be present")
     slots: dict[Path, list[int]] = {}
     for path in unique:
         slots.setdefault(path[:-1], []).append(path[-1])
     for parent, taken in slots.items():
         if sorted(taken) != list(range(len(taken))):
             where = "the frontier" if not parent else f"path {parent}"
-            raise ValueError(
+            raise InputError(
                 f"slots under {where} are {sorted(taken)}; they must be 0..{len(taken) - 1} with no gap "
                 "(a missing draft would hide a without-replacement removal from the verifier)"
             )
@@ -55,7 +57,7 @@ def from_paths(paths: Iterable[Sequence[int]]) -> Template:
 def chain(k: int) -> Template:
     """One draft per level, k levels."""
     if k < 1:
-        raise ValueError(f"a chain needs k >= 1, got {k}")
+        raise InputError(f"a chain needs k >= 1, got {k}")
     return tuple((0,) * d for d in range(1, k + 1))
 
 
@@ -102,9 +104,9 @@ def parse_template(spec: str) -> Template:
     most MAX_TEMPLATE_NODES nodes."""
     template = _parse(spec)
     if not template:
-        raise ValueError(f"tree template {spec!r} has no node: it would draft nothing every round")
+        raise InputError(f"tree template {spec!r} has no node: it would draft nothing every round")
     if len(template) > MAX_TEMPLATE_NODES:
-        raise ValueError(f"tree template {spec!r} has {len(template)} nodes, more than {MAX_TEMPLATE_NODES}")
+        raise InputError(f"tree template {spec!r} has {len(template)} nodes, more than {MAX_TEMPLATE_NODES}")
     return template
 
 
@@ -114,25 +116,25 @@ def _parse(spec: str) -> Template:
         try:
             paths = json.loads(text)
         except json.JSONDecodeError as err:
-            raise ValueError(f"tree template {spec!r} is not valid JSON: {err}") from err
+            raise InputError(f"tree template {spec!r} is not valid JSON: {err}") from err
         if not isinstance(paths, list) or not all(isinstance(p, list) for p in paths):
-            raise ValueError(f"tree template {spec!r} must be a JSON list of paths (lists of slot indices)")
+            raise InputError(f"tree template {spec!r} must be a JSON list of paths (lists of slot indices)")
         repeated = len({tuple(p) for p in paths}) != len(paths)
         if repeated:
-            raise ValueError(f"tree template {spec!r} lists a path twice (each node is one draft)")
+            raise InputError(f"tree template {spec!r} lists a path twice (each node is one draft)")
         return from_paths(paths)
     kind, sep, args = text.partition(":")
     if not sep:
-        raise ValueError(f"tree template {spec!r}: expected 'chain:K', 'cartesian:B1,B2,..', 'wbd:W1,W2,..' or JSON")
+        raise InputError(f"tree template {spec!r}: expected 'chain:K', 'cartesian:B1,B2,..', 'wbd:W1,W2,..' or JSON")
     if kind not in ("chain", "cartesian", "wbd"):
-        raise ValueError(f"tree template {spec!r}: unknown kind {kind!r} (chain, cartesian, wbd, or JSON)")
+        raise InputError(f"tree template {spec!r}: unknown kind {kind!r} (chain, cartesian, wbd, or JSON)")
     try:
         numbers = [int(a) for a in args.split(",")]
     except ValueError as err:
-        raise ValueError(f"tree template {spec!r}: {args!r} is not a comma-separated list of integers") from err
+        raise InputError(f"tree template {spec!r}: {args!r} is not a comma-separated list of integers") from err
     if kind == "chain":
         if len(numbers) != 1:
-            raise ValueError(f"tree template {spec!r}: chain takes one length")
+            raise InputError(f"tree template {spec!r}: chain takes one length")
         return chain(numbers[0])
     if kind == "cartesian":
         return cartesian(numbers)
@@ -142,5 +144,5 @@ def _parse(spec: str) -> Template:
 def _positive(values: Sequence[int], what: str) -> list[int]:
     out = [int(v) for v in values]
     if not out or any(v < 1 for v in out):
-        raise ValueError(f"{what} must be a non-empty list of positive integers, got {list(values)}")
+        raise InputError(f"{what} must be a non-empty list of positive integers, got {list(values)}")
     return out

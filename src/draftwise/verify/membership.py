@@ -22,8 +22,7 @@ from draftwise.verify.base import (
 class MembershipVerifier:
     capabilities = VerifierCapabilities(
         name="membership", semantics=ALL_SEMANTICS, relations=ALL_RELATIONS,
-        topologies=frozenset({TopologyKind.SEQUENCE, TopologyKind.SET, TopologyKind.TREE,
-                              TopologyKind.METADATA_GRAPH}),
+        topologies=frozenset({TopologyKind.SEQUENCE, TopologyKind.SET, TopologyKind.TREE}),
         exact=True, any_candidates=True,
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from draftwise.contracts import ProbabilitySemantics, ProposerContract, SamplingRelation, TopologyKind
+from draftwise.errors import InputError
 from draftwise.sampling import SamplingPolicy
 from draftwise.verify.base import Verifier
 from draftwise.verify.greedy import GreedyVerifier
@@ -52,5 +53,5 @@ def make_verifier(name: str, contracts: Sequence[ProposerContract], policy: Samp
     if name == "auto":
         name = auto_verifier_name(contracts, policy)
     if name not in VERIFIERS:
-        raise ValueError(f"unknown verifier {name!r}; choose auto or one of {', '.join(VERIFIERS)}")
+        raise InputError(f"unknown verifier {name!r}; choose auto or one of {', '.join(VERIFIERS)}")
     return VERIFIERS[name]()

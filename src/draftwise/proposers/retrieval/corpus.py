@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Iterator, Protocol, Sequence
 
 from draftwise.artifacts import sha256_file
+from draftwise.errors import InputError
 
 SHAREGPT = "sharegpt"
 DEFAULT_SUFFIXES = (".py",)
 
 
-class CorpusError(ValueError):
+class CorpusError(InputError):
     """A corpus source that cannot be read, or a corpus without any text."""
 
 

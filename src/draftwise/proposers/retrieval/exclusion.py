@@ -26,6 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
+from draftwise.errors import InputError
 from draftwise.artifacts import sha256_file
 from draftwise.proposers.retrieval.corpus import CorpusError, Encoder
 
@@ -116,7 +117,7 @@ class NgramFilter:
     def from_eval_sets(cls, eval_sets: Sequence[EvalSet], encoder: Encoder, n: int = NGRAM,
                        min_letters: int = MIN_LETTERS) -> "NgramFilter":
         if n < 1:  # every window would fail the letters filter: nothing excluded, yet a manifest claiming exclusion
-            raise ValueError(f"the exclusion n-gram length must be >= 1 token, got {n}")
+            raise InputError(f"the exclusion n-gram length must be >= 1 token, got {n}")
         parts = [np.zeros(0, dtype=np.uint64)]
         described = []
         for eval_set in eval_sets:

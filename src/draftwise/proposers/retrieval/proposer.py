@@ -24,6 +24,10 @@ from draftwise.contracts import (
     SamplingRelation,
     TopologyKind,
 )
+from draftwise.errors import InputError
+from draftwise.options import option
+from draftwise.proposers.base import RoundFeedback
+from draftwise.proposers.family import CandidateShape, DrafterFamily, DrafterResources
 from draftwise.proposers.retrieval.index import RestIndex
 from draftwise.proposers.retrieval.query import QueryConfig, retrieve
 from draftwise.proposers.retrieval.trie import Trie, build_trie, prune
@@ -73,7 +77,7 @@ class RestProposer:
         if target_tokenizer_hash is not None:
             index.check_tokenizer(target_tokenizer_hash)
         if max_nodes < 1:
-            raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
+            raise InputError(f"max_nodes must be >= 1, got {max_nodes}")
         self.index = index
         self.max_nodes = max_nodes
         self.query = query or index.query_config  # the index's recorded defaults unless overridden
@@ -92,7 +96,7 @@ class RestProposer:
     def begin(self, policy: Any = None, rng: np.random.Generator | None = None) -> None:
         pass  # deterministic lookup: no sampling state; stats accumulate across generations
 
-    def observe(self, accepted: int) -> None:
+    def observe(self, feedback: RoundFeedback) -> None:
         pass  # the trie's shape does not adapt to acceptance
 
     def propose(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None) -> ProposalResult:
@@ -139,3 +143,26 @@ class RestProposer:
             mean_trie_nodes=float(np.mean(t.trie_nodes)) if t.trie_nodes else 0.0,
             mean_pruned_nodes=float(np.mean(t.kept_nodes)) if t.kept_nodes else 0.0,
         )
+
+
+@dataclass(frozen=True)
+class RestConfig:
+    index: Path = option(key="index", parse=Path, help="REST datastore directory (`draftwise index build`)")
+    max_nodes: int = option(DEFAULT_MAX_NODES, key="rest_nodes", help="nodes kept of the retrieved trie")
+
+
+def _open(config: RestConfig, resources: DrafterResources) -> RestProposer:
+    return RestProposer.open(config.index, resources.target.info.tokenizer_hash, max_nodes=config.max_nodes)
+
+
+FAMILY = DrafterFamily(
+    name=SOURCE,
+    config=RestConfig,
+    contract=lambda config: CONTRACT,
+    # the tries vary with what is retrieved: the round's tree limits bound them
+    shape=lambda config: CandidateShape(0, 0, True),
+    build=_open,
+    summary="continuations retrieved from a datastore, merged into a frequency trie",
+    free_to_ask=True,
+    auto_candidate=True,
+)

@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from draftwise.errors import InputError
 from draftwise.proposers.retrieval.trie import PAD
 
 MATCH_SELECTION = (
@@ -35,9 +36,9 @@ class QueryConfig:
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_suffix <= self.max_suffix:
-            raise ValueError(f"need 1 <= min_suffix <= max_suffix, got {self.min_suffix}, {self.max_suffix}")
+            raise InputError(f"need 1 <= min_suffix <= max_suffix, got {self.min_suffix}, {self.max_suffix}")
         if self.max_matches < 1 or self.continuation_length < 1:
-            raise ValueError(f"max_matches and continuation_length must be >= 1, got {self}")
+            raise InputError(f"max_matches and continuation_length must be >= 1, got {self}")
 
 
 @dataclass(frozen=True, eq=False)

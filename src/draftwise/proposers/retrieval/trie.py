@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from draftwise.errors import InputError
+
 PAD = -1  # fills a continuation row after its end (document boundary or index end)
 SIBLING_ORDER = "count descending, then token id ascending"
 PRUNING_POLICY = (
@@ -100,7 +102,7 @@ def build_trie(continuations: np.ndarray) -> Trie:
 def prune(trie: Trie, budget: int) -> Trie:
     """Keep at most `budget` nodes: the highest counts, ancestor-closed, in canonical order."""
     if budget < 0:
-        raise ValueError(f"node budget must be >= 0, got {budget}")
+        raise InputError(f"node budget must be >= 0, got {budget}")
     if trie.size <= budget:
         return trie
     n = trie.size

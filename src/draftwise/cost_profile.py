@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from draftwise.errors import InputError
 from draftwise.artifacts import Manifest, read_manifest, staged_artifact, write_manifest
 
 ARTIFACT_KIND = "verify_profile"
@@ -46,14 +47,14 @@ class VerifyCostProfile:
 
     def __post_init__(self) -> None:
         if not self.rows or len(self.rows) != len(self.relative):
-            raise ValueError("rows and relative must be non-empty and of the same length")
+            raise InputError("rows and relative must be non-empty and of the same length")
         if self.absolute_s is not None and len(self.absolute_s) != len(self.rows):
-            raise ValueError("absolute_s must have one median per row count")
+            raise InputError("absolute_s must have one median per row count")
         if self.rows[0] < 1 or any(b <= a for a, b in zip(self.rows, self.rows[1:])):
-            raise ValueError(f"row counts must be >= 1 and strictly increasing, got {self.rows}")
+            raise InputError(f"row counts must be >= 1 and strictly increasing, got {self.rows}")
         values = list(self.relative) + list(self.absolute_s or ())
         if not all(np.isfinite(v) and v > 0 for v in values):
-            raise ValueError("verification times must be finite and positive")
+            raise InputError("verification times must be finite and positive")
 
     @classmethod
     def from_absolute(
@@ -65,7 +66,7 @@ class VerifyCostProfile:
         rows_sorted = tuple(int(rows[i]) for i in order)
         secs = tuple(float(absolute_s[i]) for i in order)
         if rows_sorted[0] != 1:
-            raise ValueError("relative times are in plain-decoding steps: measure n = 1 too")
+            raise InputError("relative times are in plain-decoding steps: measure n = 1 too")
         return cls(rows=rows_sorted, relative=tuple(s / secs[0] for s in secs), absolute_s=secs,
                    model=model, backend=backend, threads=int(threads), machine=machine,
                    provenance=dict(provenance or {}))
@@ -76,7 +77,7 @@ class VerifyCostProfile:
 
     def _interpolate(self, n: float, medians: Sequence[float]) -> float:
         if not self.rows[0] <= n <= self.rows[-1]:
-            raise ValueError(f"no verification time for n = {n}: measured {self.rows[0]}..{self.rows[-1]} only")
+            raise InputError(f"no verification time for n = {n}: measured {self.rows[0]}..{self.rows[-1]} only")
         return float(np.interp(n, np.asarray(self.rows, dtype=np.float64), np.asarray(medians, dtype=np.float64)))
 
     def relative_at(self, n: float) -> float:
@@ -85,7 +86,7 @@ class VerifyCostProfile:
 
     def absolute_at(self, n: float) -> float:
         if self.absolute_s is None:
-            raise ValueError("this profile has no absolute times")
+            raise InputError("this profile has no absolute times")
         return self._interpolate(n, self.absolute_s)
 
     def to_json(self) -> dict[str, Any]:

@@ -1,0 +1,13 @@
+"""The drafter families draftwise ships: one registration line each (see `family.py`)."""
+
+from __future__ import annotations
+
+from draftwise.proposers import draft_model, prompt_lookup
+from draftwise.proposers.family import DrafterRegistry
+from draftwise.proposers.retrieval import proposer as rest
+
+DRAFTERS = DrafterRegistry([
+    prompt_lookup.FAMILY,
+    draft_model.FAMILY,
+    rest.FAMILY,
+])

@@ -1,0 +1,179 @@
+"""Every `auto` of a spec turned into a concrete, recorded choice.
+
+Three things may be left to measurement: the proposer (`AutoDrafter`: replay every candidate
+on plain traces), a draft tree (`AutoTree`: calibrate, profile and optimize, cached), and the
+cost gate (`AutoGate`: the target's verify profile, cached).  A tree artifact is read here
+too, so that `build` only ever sees templates.  `check` refuses before any model is loaded
+what `resolve` could not settle afterwards.  This module plans, so it sits above
+`optimize`; the CLI, the bench and the public API call it through `api.open_decoder`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Sequence
+
+from draftwise.backends.base import Backend
+from draftwise.build import preflight
+from draftwise.errors import InputError
+from draftwise.models import cache_dir
+from draftwise.spec import CALIBRATION_WORKLOAD, AutoDrafter, AutoGate, DecoderSpec, DrafterSpec, GateProfile
+from draftwise.topology.templates import from_paths
+from draftwise.topology.tree_spec import AutoTree, TreeArtifact, TreeTemplate
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One `auto` settled: what was asked, what was chosen, and the evidence (table or artifact)."""
+
+    what: str  # "proposer", "tree" or "gate"
+    chosen: str
+    detail: str = ""
+
+
+def auto_cache_root() -> Path:
+    return cache_dir().parent / "auto"
+
+
+# ---- before loading ------------------------------------------------------------------------
+def check(spec: DecoderSpec) -> str:
+    """Refuse what cannot work before any model is loaded; return the verifier's name (for
+    `auto`, the verifiers of the candidates that fit)."""
+    if isinstance(spec.drafter, AutoDrafter):
+        from draftwise.optimize.auto_proposer import auto_preflight
+
+        return auto_preflight(spec)
+    spec = with_auto_tree_relation(spec)
+    tree = _tree_of(spec.drafter)
+    if isinstance(tree, AutoTree):
+        assert isinstance(spec.drafter, DrafterSpec)
+        if not spec.drafter.family.auto_tree:
+            raise InputError(f"tree=auto is planned for {', '.join(_auto_tree_families())}, not {spec.proposer}")
+        if not spec.draft:
+            raise InputError(f"--tree auto chooses a {spec.proposer} tree: pass --draft MODEL")
+    return preflight(spec)
+
+
+def with_auto_tree_relation(spec: DecoderSpec) -> DecoderSpec:
+    """An auto tree's children are top-k under greedy decoding and drawn without replacement
+    when sampling (verified by Sequoia): the relation is the planner's, not the user's."""
+    from draftwise.optimize.calibrate import relation_for
+
+    if isinstance(spec.drafter, DrafterSpec) and isinstance(_tree_of(spec.drafter), AutoTree):
+        config = replace(spec.drafter.config, relation=relation_for(spec.generation.policy))
+        return replace(spec, drafter=replace(spec.drafter, config=config))
+    return spec
+
+
+def _tree_of(drafter: object) -> object:
+    return getattr(getattr(drafter, "config", None), "tree", None)
+
+
+def _auto_tree_families() -> list[str]:
+    from draftwise.proposers.registry import DRAFTERS
+
+    return [f.name for f in DRAFTERS.families() if f.auto_tree]
+
+
+# ---- after loading -------------------------------------------------------------------------
+def resolve(spec: DecoderSpec, target: Backend, draft: Backend | None = None, say: Say | None = None,
+            cache_root: Path | None = None, calibration: str = CALIBRATION_WORKLOAD,
+            ) -> tuple[DecoderSpec, tuple[Choice, ...]]:
+    """`spec` with every `auto` chosen and every tree artifact read, and the choices made.
+    `calibration`: the workload an auto tree is calibrated on (an auto proposer names its own)."""
+    say = say or (lambda message: None)
+    root = cache_root or auto_cache_root()
+    choices: list[Choice] = []
+    if isinstance(spec.drafter, AutoDrafter):
+        spec = _resolve_proposer(spec, target, draft, say, root, choices)
+    spec = with_auto_tree_relation(spec)
+    tree = _tree_of(spec.drafter)
+    if isinstance(tree, AutoTree):
+        spec = _resolve_auto_tree(spec, target, draft, calibration_prompts(target, calibration), say, root, choices)
+    elif isinstance(tree, TreeArtifact):
+        spec = _with_template(spec, read_tree_artifact(tree, spec))
+    if isinstance(spec.gate, AutoGate):
+        spec = replace(spec, gate=GateProfile(_measure_gate(spec, target, say, root)))
+        choices.append(Choice("gate", str(spec.gate), "verify profile measured on first use, cached"))
+    return spec, tuple(choices)
+
+
+def _resolve_proposer(spec: DecoderSpec, target: Backend, draft: Backend | None, say: Say, root: Path,
+                      choices: list[Choice]) -> DecoderSpec:
+    from draftwise.optimize.auto_proposer import choose_for_workload
+
+    assert isinstance(spec.drafter, AutoDrafter)
+    choice = choose_for_workload(spec, target, draft, spec.drafter.calibration, root, say)
+    for line in choice.table().splitlines():
+        say(line)
+    choices.append(Choice("proposer", choice.chosen, choice.table()))
+    return choice.spec
+
+
+def _resolve_auto_tree(spec: DecoderSpec, target: Backend, draft: Backend | None, prompts: list[list[int]],
+                       say: Say, root: Path, choices: list[Choice]) -> DecoderSpec:
+    from draftwise.optimize.auto import auto_tree
+
+    if draft is None:
+        raise InputError(f"--tree auto chooses a {spec.proposer} tree: pass --draft MODEL")
+    artifact = auto_tree(target, draft, spec.generation.policy, prompts, root, progress=say)
+    picked = artifact.choice
+    say(f"auto tree: n={picked.n} d={picked.d}, predicted speedup {picked.speedup:.2f}")
+    if picked.n == 1:  # measured: no tree beats plain decoding here
+        choices.append(Choice("tree", "none (plain decoding)", f"predicted speedup {picked.speedup:.3f}"))
+        return replace(spec, drafter=None)
+    choices.append(Choice("tree", str(artifact.directory), f"n={picked.n} d={picked.d}, "
+                                                           f"predicted speedup {picked.speedup:.3f}"))
+    return _with_template(spec, TreeTemplate(from_paths(picked.paths)))
+
+
+def read_tree_artifact(tree: TreeArtifact, spec: DecoderSpec) -> TreeTemplate:
+    """A `tree optimize` artifact's paths, used only under the sampling policy it was optimized for."""
+    from draftwise.optimize.select import load_tree_artifact
+
+    artifact = load_tree_artifact(tree.directory)
+    wanted = spec.generation.policy.as_dict()
+    if dict(artifact.policy) != wanted:
+        raise InputError(f"tree {tree} was optimized under sampling policy {dict(artifact.policy)}, not {wanted}; "
+                         "calibrate and optimize again for this policy")
+    return TreeTemplate(from_paths(artifact.choice.paths))
+
+
+def _with_template(spec: DecoderSpec, template: TreeTemplate) -> DecoderSpec:
+    assert isinstance(spec.drafter, DrafterSpec)
+    return replace(spec, drafter=replace(spec.drafter, config=replace(spec.drafter.config, tree=template)))
+
+
+def gate_rows_needed(spec: DecoderSpec) -> int:
+    """The most rows a round of this (concrete) configuration verifies, the pending one included."""
+    from draftwise.build import fitted_generation, proposal_shape
+
+    nodes, _ = proposal_shape(spec)  # (0, 0) when unknown in advance: the tree limit bounds it
+    limit = fitted_generation(spec).limits.max_nodes
+    return 1 + (min(nodes, limit) if nodes else limit)
+
+
+def branches(spec: DecoderSpec) -> bool:
+    return isinstance(spec.drafter, DrafterSpec) and spec.drafter.shape.branches
+
+
+def _measure_gate(spec: DecoderSpec, target: Backend, say: Say, root: Path) -> Path:
+    from draftwise.optimize.auto import auto_gate_directory, auto_gate_profile
+
+    rows, chain = gate_rows_needed(spec), not branches(spec)
+    auto_gate_profile(target, rows, root, progress=say, chain=chain)
+    return auto_gate_directory(target, rows, root, chain=chain)
+
+
+def calibration_prompts(target: Backend, workload: str) -> list[list[int]]:
+    """First turns of a workload, through the target's chat template."""
+    from draftwise.bench.workloads import messages_for, parse_workload
+
+    return [target.chat_prompt(messages_for(q, 0, [])) for q in parse_workload(workload).questions]
+
+
+def describe_choices(choices: Sequence[Choice]) -> list[str]:
+    return [f"{c.what} auto -> {c.chosen}" for c in choices]
