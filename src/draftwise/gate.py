@@ -156,8 +156,8 @@ def rows_within_depths(round_: CompiledRound, max_depth: int) -> list[int]:
 
 def gate_round(gate: CostGate | None, offered: CompiledRound, *, reads_prompt: bool) -> tuple[CompiledRound, bool]:
     """The round to verify and whether the gate cut it: `offered` without its rows deeper than
-    `gate` chooses, so exactly the rows the gate priced.  The one rule the engine and the replay
-    share, so that replayed predictions gate exactly as decoding does.  A round that reads the
+    `gate` chooses, so exactly the rows the gate priced.  The replay runs the engine itself (on
+    a trace backend), so replayed predictions gate exactly as decoding does.  A round that reads the
     prompt (round 1) is never cut: its forward reads the whole prompt anyway, so its candidate
     rows are nearly free."""
     if gate is None or reads_prompt or not offered.n:

@@ -96,6 +96,28 @@ def test_the_replay_is_the_engines_rounds_for_rest_trees(smol_target, traces, re
         assert shape(replayed) == shape(result.records) and max(r.nodes for r in replayed) > 1
 
 
+@pytest.mark.parametrize("candidates,relative", [(1, None), (3, None), (3, STEEP)])
+def test_the_replay_is_the_engines_rounds_on_a_tiny_model(candidates, relative):
+    # the model-free counterpart of the tests above: a real target, not the trace backend,
+    # decides the engine's rounds, so a trace backend predicting any row wrongly shows here
+    target = tiny_backend(0)
+    gate = None if relative is None else CostGateConfig(profile(relative, model=target.info.checkpoint))
+    config = GenerationConfig(max_new_tokens=24, gate=gate)
+    lookup = PromptLookupConfig(max_candidates=candidates)
+    for prompt in ([1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 6, 7, 4, 5], [3]):
+        plain = SpeculativeDecoder(target, [], make_verifier("auto", [], config.policy),
+                                   GenerationConfig(max_new_tokens=24)).generate(prompt)
+        trace = trace_from_records(prompt, plain.tokens, [sum(r.seconds.values()) for r in plain.records])
+        proposer = PromptLookupProposer(lookup)
+        result = SpeculativeDecoder(target, [proposer], make_verifier("auto", [proposer.contract], config.policy),
+                                    config).generate(prompt)
+        assert result.tokens == trace.tokens
+        replayed = replay(trace, PromptLookupProposer(lookup), max_new_tokens=24, limits=config.limits,
+                          context_length=target.info.context_length, gate=gate)
+        assert shape(replayed) == shape(result.records)
+        assert sum(r.accepted for r in replayed) > 0 or prompt == [3]
+
+
 CONFIG = AutoTreeConfig(profile_prefix_len=16, profile_repeats=1)
 PROMPTS = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 6, 7, 4, 5]]
 SPEC = make_spec(GenerationConfig(max_new_tokens=24), proposer="auto")

@@ -5,10 +5,9 @@ import pytest
 
 from draftwise.gate import CostGateConfig
 from draftwise.cost_profile import VerifyCostProfile
-from draftwise.optimize.replay import ReplayedRound, Trace, accepted_along, predicted_seconds, replay, trace_from_records
+from draftwise.optimize.replay import ReplayedRound, Trace, predicted_seconds, replay, trace_from_records
 from draftwise.proposers.prompt_lookup import PromptLookupProposer
-from draftwise.topology.compile import TreeLimits, compile_round
-from draftwise.contracts import ProbabilitySemantics, ProposalNode, ProposalResult, ProposerContract, SamplingRelation, TopologyKind
+from draftwise.topology.compile import TreeLimits
 
 PROMPT = (1, 2, 3, 4, 5, 1, 2)
 TOKENS = (3, 4, 5, 9, 1, 2, 3, 8, 8, 8)
@@ -62,15 +61,6 @@ def test_the_gate_is_replayed_cutting_where_no_round_pays():
     assert shape(flat) == shape(run())
 
 
-def test_accepted_along_follows_the_matching_child_at_every_depth():
-    contract = ProposerContract(ProbabilitySemantics.ABSENT, SamplingRelation.DETERMINISTIC_LOOKUP, TopologyKind.TREE)
-    nodes = (ProposalNode(7, -1, 1), ProposalNode(8, -1, 1), ProposalNode(9, 1, 2), ProposalNode(6, 2, 3))
-    round_ = compile_round(5, [ProposalResult(nodes=nodes, contract=contract, source="t", manifest_hash="h")])
-    assert accepted_along(round_, [8, 9, 6, 1]) == 3
-    assert accepted_along(round_, [7, 9]) == 1  # 9 sits under 8, not under 7
-    assert accepted_along(round_, [5]) == 0 and accepted_along(round_, []) == 0
-
-
 def test_predicted_seconds_add_round_one_the_profile_and_the_proposer():
     rounds = [ReplayedRound(4, 3, 4, False, 0.01), ReplayedRound(0, 0, 1, False, 0.0),
               ReplayedRound(2, 1, 2, True, 0.02)]
@@ -114,6 +104,9 @@ def test_a_one_token_prompt_reads_nothing_in_round_one_so_the_gate_may_cut_it_as
     class Fixed:  # proposes [3, 4] after any context
         name, phase = "fixed", "propose"
         contract = PromptLookupProposer().contract
+
+        def identity(self):
+            return {"name": self.name}
 
         def begin(self, policy, rng):
             pass

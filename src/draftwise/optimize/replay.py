@@ -5,36 +5,46 @@ its first round (prompt read + first token) and of an ordinary one-row step.  Fo
 whose candidates are a function of the context (prompt lookup, REST, a greedy draft model),
 a verifier that accepts a candidate exactly when it is the target's own token (greedy; and
 membership under sampling, whose target sample at each depth is distributed as the trace's
-token there) accepts along the trace: walking the trace's tokens down the proposal gives the
-accepted length, and the next trace token is the bonus.  Under greedy decoding the replayed
-rounds ARE the rounds the engine runs (the tests compare them round by round); under
-sampling they have the same distribution.  The cost gate is replayed with them: it sees the
-same published tokens the engine would show it.
+token there) accepts along the trace.  So the replay runs the real engine
+(`SpeculativeDecoder`) with a `TraceBackend` standing in for the target: every row predicts
+the trace, one-hot, and the engine's own round loop (limits, the first round's prompt read,
+the cost gate, stop rules) decides the rounds.  Under greedy decoding the replayed rounds ARE
+the rounds the engine runs on the target; under sampling they have the same distribution.
+
+How the replay ends where the trace did: a trace shorter than `max_new_tokens` ended on a
+stop rule.  When its last token occurs nowhere earlier in the continuation it is used as the
+EOS set (a real EOS always qualifies: plain decoding stops at its first one); otherwise (a
+stop string completed by a token seen before) the engine runs on past the trace, reading it
+as its last token repeated, and the rounds are cut where the trace ends.
 
 Time is then predicted, not measured: a later round of n rows costs step * t(n) (the
 measured verify profile), round 1 the trace's measured first round (the candidate rows ride
-in the prompt's forward), and every round the proposer's own time, measured during the
-replay.  What the replay cannot do is a sampling draft model: its verifier accepts with
-min(1, p/q), which a single trace token does not reveal.
+in the prompt's forward), and every round the proposer's own time, measured by the engine
+during the replay.  What the replay cannot do is a sampling draft model: its verifier accepts
+with min(1, p/q), which a single trace token does not reveal.
 """
 
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Sequence
 
-import numpy as np
-
-from draftwise.engine import round_limits
-from draftwise.gate import CostGate, CostGateConfig, gate_round
+from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.gate import CostGateConfig
 from draftwise.cost_profile import VerifyCostProfile
+from draftwise.optimize.trace_backend import TraceBackend
 from draftwise.proposers.base import Proposer
 from draftwise.sampling import SamplingPolicy
-from draftwise.topology.compile import CompiledRound, TreeLimits, compile_round
+from draftwise.stats import RoundRecord
+from draftwise.topology.compile import TreeLimits
+from draftwise.verify.base import Verifier
+from draftwise.verify.greedy import GreedyVerifier
+from draftwise.verify.membership import MembershipVerifier
 
-REPLAY_MANIFEST = "replay"  # proposals are replayed outside any decoder's round manifest
+
+class TraceDiverged(RuntimeError):
+    """The engine, run on a trace, published other tokens than the trace's own."""
 
 
 @dataclass(frozen=True)
@@ -77,17 +87,6 @@ def trace_from_records(prompt: Sequence[int], tokens: Sequence[int], round_secon
     return Trace(tuple(prompt), tuple(tokens), float(round_seconds[0]), float(statistics.median(later)))
 
 
-def accepted_along(round_: CompiledRound, future: Sequence[int]) -> int:
-    """How far `future` (the target's own next tokens) walks down the proposal from the frontier."""
-    parent, accepted = -1, 0
-    for token in future:
-        match = next((row for row in round_.children_of(parent) if int(round_.token_ids[row]) == int(token)), None)
-        if match is None:
-            break
-        accepted, parent = accepted + 1, match
-    return accepted
-
-
 def replay(
     trace: Trace,
     proposer: Proposer | None,
@@ -99,36 +98,51 @@ def replay(
     policy: SamplingPolicy = SamplingPolicy(),
     seed: int = 0,
 ) -> list[ReplayedRound]:
-    """The rounds the engine would run on `trace` (the same limits, gate and first-round rule
-    as `SpeculativeDecoder._round`); `max_new_tokens` is the limit the trace was made under."""
+    """The rounds the engine runs on `trace`, run by the engine itself on a `TraceBackend`;
+    `max_new_tokens` is the limit the trace was made under."""
     if len(trace.tokens) > max_new_tokens:
         raise ValueError(f"the trace has {len(trace.tokens)} tokens, more than max_new_tokens={max_new_tokens}")
-    if proposer is not None:
-        proposer.begin(policy, np.random.default_rng(seed))
-    state = CostGate(gate) if gate is not None else None
-    context, produced, rounds = list(trace.prompt), 0, []
-    while produced < len(trace.tokens):
-        this_round = round_limits(limits, len(context), context_length, max_new_tokens - produced)
-        asked = proposer is not None and this_round.max_depth > 0
-        clock = time.perf_counter()
-        results = [proposer.propose(context, REPLAY_MANIFEST, max_depth=this_round.max_depth)] if asked else []
-        propose_s = time.perf_counter() - clock
-        offered = compile_round(len(context), results, this_round)
-        # the engine's rule: round 1 reads the prompt's unread tokens in its forward (a one-token
-        # prompt has none to read)
-        round_, gated = gate_round(state, offered, reads_prompt=produced == 0 and len(trace.prompt) > 1)
-        future = trace.tokens[produced:]
-        accepted = accepted_along(round_, future)
-        decided = list(future[: accepted + 1])  # accepted candidates, then the target's own token
-        emitted = len(decided)  # shorter only where the trace ends on an accepted EOS
-        if proposer is not None:
-            proposer.observe(accepted)
-        if state is not None:
-            state.observe(offered if asked else None, decided)
-        rounds.append(ReplayedRound(round_.n, min(accepted, emitted), emitted, gated, propose_s))
-        context.extend(decided)
-        produced += emitted
-    return rounds
+    proposers = [] if proposer is None else [proposer]
+    target = TraceBackend(trace.prompt, trace.tokens, context_length, trace_eos(trace, max_new_tokens))
+    config = GenerationConfig(max_new_tokens=max_new_tokens, policy=policy, seed=seed, limits=limits, gate=gate)
+    result = SpeculativeDecoder(target, proposers, replay_verifier(policy), config).generate(list(trace.prompt))
+    if result.tokens[: len(trace.tokens)] != tuple(trace.tokens):  # the last bonus token is checked here
+        raise TraceDiverged(f"the engine published {list(result.tokens)} on the trace {list(trace.tokens)}")
+    phase = None if proposer is None else proposer.phase
+    left = left_per_round(result.records, len(trace.tokens))  # [rounds]
+    return [replayed(record, phase, n) for record, n in zip(result.records, left) if n > 0]
+
+
+def trace_eos(trace: Trace, max_new_tokens: int) -> frozenset[int]:
+    """The EOS set that ends the engine where `trace` ended (see the module note): none when the
+    limit ended it, its last token when that token is new to the continuation, else none (the
+    rounds past the trace are cut instead)."""
+    last = trace.tokens[-1]
+    if len(trace.tokens) == max_new_tokens or last in trace.tokens[:-1]:
+        return frozenset()
+    return frozenset({last})
+
+
+def replay_verifier(policy: SamplingPolicy) -> Verifier:
+    """A verifier that accepts exactly the target's own tokens, which a trace reveals: greedy at
+    temperature 0, target-sample membership under sampling."""
+    return GreedyVerifier() if policy.greedy else MembershipVerifier()
+
+
+def left_per_round(records: Sequence[RoundRecord], trace_len: int) -> list[int]:
+    """[rounds] trace tokens still unpublished when each round began (<= 0: past the trace)."""
+    left, out = trace_len, []
+    for record in records:
+        out.append(left)
+        left -= record.emitted
+    return out
+
+
+def replayed(record: RoundRecord, phase: str | None, left: int) -> ReplayedRound:
+    """One engine round as the replay reports it, cut to the `left` tokens the trace still held."""
+    emitted = min(record.emitted, left)
+    propose_s = 0.0 if phase is None else record.seconds.get(phase, 0.0)
+    return ReplayedRound(record.nodes, min(record.accepted, emitted), emitted, record.gated, propose_s)
 
 
 def predicted_seconds(trace: Trace, rounds: Sequence[ReplayedRound], profile: VerifyCostProfile) -> float:
