@@ -40,7 +40,7 @@ def _fail(message: str) -> None:
 @bench_app.callback(invoke_without_command=True)
 def run(
     ctx: typer.Context,
-    workload: list[str] = typer.Option([], help="specbench:PATH[:CATS][:N] | humaneval:A-B | prompts:PATH (repeatable)."),
+    workload: list[str] = typer.Option([], help="spec-bench[:CATS][:N] (the packaged dev split) | specbench:PATH[:CATS][:N] | humaneval:A-B | prompts:PATH (repeatable)."),
     method: list[str] = typer.Option([], help=METHOD_HELP),
     out: Optional[Path] = typer.Option(None, help="Result directory (answers, summary.json, report.md, plots)."),
     target: str = typer.Option(DEFAULT_MODEL, help="Target model for every method that does not name its own."),
