@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 d="proposer=draft-model,backend=llamacpp"
 exec .venv/bin/draftwise bench \
-  --workload "${WORKLOAD1:-humaneval:0-2}" --workload "${WORKLOAD2:-specbench:../shared/data/spec_bench/question.jsonl:3}" \
+  --workload "${WORKLOAD1:-humaneval:0-2}" --workload "${WORKLOAD2:-spec-bench:3}" \
   --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b \
   --max-new-tokens 64 --temperature 1.0 --seed 0 --repeats 1 --threads 2 \
   --out benchmarks/multi_candidate_t1 \

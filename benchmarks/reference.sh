@@ -15,7 +15,7 @@ tf="backend=transformers"
 cpp="backend=llamacpp"
 exec .venv/bin/draftwise bench \
   --workload "${WORKLOAD1:-humaneval:0-19}" \
-  --workload "${WORKLOAD2:-specbench:../shared/data/spec_bench/question.jsonl:40}" \
+  --workload "${WORKLOAD2:-spec-bench:40}" \
   --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b \
   --max-new-tokens 128 --temperature 0 --seed 0 --repeats 1 --threads 2 \
   --out "${OUT:-benchmarks/reference}" \

@@ -4,7 +4,7 @@
 # development split (all categories) with the chat datastore; prompt lookup and REST each with and
 # without the cost gate.  BACKEND picks the backend
 # (default llamacpp, the fastest plain decoder on this machine); WORKLOAD_CODE / WORKLOAD_CHAT
-# narrow the workloads (e.g. specbench:PATH:40 for 40 stratified questions); RUNS picks the runs
+# narrow the workloads (e.g. spec-bench:40 for 40 stratified questions of the packaged Spec-Bench split); RUNS picks the runs
 # (default "code chat"); extra flags (e.g. --resume) go to every run.  Indexes: see benchmarks/index/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +25,7 @@ for which in ${RUNS:-code chat}; do
   case "$which" in
     code) run "benchmarks/rest_decoding_code_$backend" "${WORKLOAD_CODE:-humaneval:0-19}" "$indexes/code" "$@" ;;
     chat) run "benchmarks/rest_decoding_chat_$backend" \
-            "${WORKLOAD_CHAT:-specbench:../shared/data/spec_bench/question.jsonl}" "$indexes/chat" "$@" ;;
+            "${WORKLOAD_CHAT:-spec-bench}" "$indexes/chat" "$@" ;;
     *) echo "RUNS: unknown run '$which' (expected code and/or chat)" >&2; exit 2 ;;
   esac
 done

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from draftwise.artifacts import stable_hash
 from draftwise.bench.methods import MethodDefaults, parse_method
-from draftwise.bench.workloads import messages_for, parse_workloads
+from draftwise.workloads import messages_for, parse_workloads
 from draftwise.build import load_backend
 from draftwise.resolve import branches
 from draftwise.spec import CALIBRATION_WORKLOAD, DecoderSpec, GateProfile, spec_from_options

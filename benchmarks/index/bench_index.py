@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from draftwise.data import spec_bench_questions
 from draftwise.proposers.retrieval.corpus import load_encoder, resolve_source
 from draftwise.proposers.retrieval.exclusion import NgramFilter, humaneval_path, load_eval_set
 from draftwise.proposers.retrieval.index import RestIndex, build_index
@@ -37,7 +38,7 @@ from draftwise.proposers.retrieval.trie import build_trie, prune
 
 TARGET = "qwen2.5-coder-1.5b"
 ROOT = Path.home() / ".cache" / "draftwise" / "indexes"
-SPEC_BENCH = Path("/work/shared/data/spec_bench/question.jsonl")
+SPEC_BENCH = spec_bench_questions()  # the development split shipped in the package
 RESULTS = Path(__file__).with_name("results.json")
 BUDGETS = (8, 16, 32, 64)
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from draftwise.bench.plots import plot_speedup_grid
-from draftwise.bench.workloads import messages_for, parse_workload
+from draftwise.workloads import messages_for, parse_workload
 from draftwise.build import load_backend
 from draftwise.engine import GenerationConfig, SpeculativeDecoder
 from draftwise.optimize.acceptance import AcceptanceProfile

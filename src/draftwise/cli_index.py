@@ -11,9 +11,12 @@ from typing import List
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
 from draftwise.artifacts import ArtifactError
 from draftwise.errors import DraftwiseError
+from draftwise.data import SPEC_BENCH_DEV, spec_bench_questions
 from draftwise.proposers.retrieval.corpus import DEFAULT_SUFFIXES, CorpusError, load_encoder, resolve_source
 from draftwise.proposers.retrieval.exclusion import NGRAM, NgramFilter, load_eval_set
 from draftwise.proposers.retrieval.index import build_index, index_info, verify_index
@@ -33,7 +36,7 @@ def build(
     corpus: List[str] = typer.Option(..., "--corpus", help="file, directory tree, .jsonl, ShareGPT .json, or 'sharegpt'"),
     target: str = typer.Option(..., "--target", help="target model: its tokenizer tokenizes the corpus"),
     out: Path = typer.Option(..., "--out", help="index directory to create"),
-    exclude: List[str] = typer.Option([], "--exclude", help="'humaneval' or a Spec-Bench-format JSONL"),
+    exclude: List[str] = typer.Option([], "--exclude", help="'humaneval', 'spec-bench' (the packaged dev split) or a Spec-Bench-format JSONL"),
     suffix: List[str] = typer.Option(list(DEFAULT_SUFFIXES), "--suffix", help="file suffixes read from directories"),
     text_field: str = typer.Option("text", help="JSONL field holding the text"),
     max_suffix: int = typer.Option(_DEFAULT.max_suffix, help="longest context suffix a query tries"),
@@ -48,7 +51,7 @@ def build(
     try:
         config = QueryConfig(max_suffix, min_suffix, max_matches, continuation_length)
         sources = [resolve_source(c, text_field, suffix) for c in corpus]
-        eval_sets = [load_eval_set(e) for e in exclude]
+        eval_sets = [load_eval_set(str(spec_bench_questions()) if e == SPEC_BENCH_DEV else e) for e in exclude]
         if not any(source.total_bytes() for source in sources):  # fail before the slow tokenizer load
             raise CorpusError("the corpus is empty (0 bytes of matching files); refusing an empty index")
         console.print(f"loading the tokenizer of {target}")
@@ -77,25 +80,39 @@ def info(directory: Path = typer.Argument(..., help="index directory"),
         print(json.dumps(details, indent=2, sort_keys=True, default=str))
         return
     console.print(f"[bold]{directory}[/bold]  manifest {details['hash'][:16]}…")
-    tok = details["tokenizer"]
-    console.print(f"tokenizer  {tok['name']}  vocab {tok['vocab_size']}  hash {tok['hash'][:16]}…")
-    totals = details["totals"]
-    console.print(f"documents  {totals['documents']:,}   tokens {totals['tokens']:,}")
-    for source in details["corpus"]:
-        console.print(f"  corpus {source['spec']}: {source.get('files', '-')} files, {source.get('bytes', 0):,} bytes, "
-                      f"{source['documents']:,} docs, {source['excluded']:,} excluded, sha256 {str(source.get('sha256', ''))[:16]}…")
-        for warning in source.get("warnings", []):
-            console.print(f"    [yellow]warning:[/yellow] {warning}")
+    tok, totals = details["tokenizer"], details["totals"]
+    summary = Table.grid(padding=(0, 2))
+    summary.add_column(style="bold")
+    summary.add_column()
+    summary.add_row("tokenizer", f"{tok['name']}  vocab {tok['vocab_size']}  hash {tok['hash'][:16]}…")
+    summary.add_row("documents", f"{totals['documents']:,}   tokens {totals['tokens']:,}")
     exclusion = details.get("exclusion")
     if exclusion:
-        names = ", ".join(s["name"] for s in exclusion["eval_sets"])
-        console.print(f"exclusion  {exclusion['ngram_tokens']}-token n-grams of {names}: "
-                      f"{exclusion['excluded_documents']:,} documents dropped")
-    console.print(f"query      {details['query']}")
-    console.print(f"encoding   {details['key_encoding']}; separator {details['separator']}; {details['endianness']}-endian")
-    console.print(f"counter    {details['counter']['dtype']}; pruning: {details['trie']['pruning']}")
+        names = escape(", ".join(s["name"] for s in exclusion["eval_sets"]))
+        summary.add_row("exclusion", f"{exclusion['ngram_tokens']}-token n-grams of {names}: "
+                                     f"{exclusion['excluded_documents']:,} documents dropped")
+    summary.add_row("query", escape(str(details["query"])))
+    summary.add_row("encoding", f"{details['key_encoding']}; separator {details['separator']}; "
+                                f"{details['endianness']}-endian")
+    summary.add_row("counter", f"{details['counter']['dtype']}; pruning: {details['trie']['pruning']}")
+    console.print(summary)
+
+    corpus = Table("corpus", "files", "bytes", "documents", "excluded", "sha256", title="corpus snapshot")
+    for column in corpus.columns[1:5]:
+        column.justify = "right"
+    for source in details["corpus"]:
+        corpus.add_row(escape(source["spec"]), str(source.get("files", "-")), f"{source.get('bytes', 0):,}",
+                       f"{source['documents']:,}", f"{source['excluded']:,}", f"{str(source.get('sha256', ''))[:16]}…")
+    console.print(corpus)
+    for source in details["corpus"]:
+        for warning in source.get("warnings", []):
+            console.print(f"[yellow]warning:[/yellow] {escape(source['spec'])}: {escape(warning)}")
+
+    files = Table("file", "bytes", "sha256", title="files")
+    files.columns[1].justify = "right"
     for name, digest in details["files"].items():
-        console.print(f"  {name:16s} {details['file_bytes'].get(name, 0):>14,} bytes  sha256 {digest[:16]}…")
+        files.add_row(escape(name), f"{details['file_bytes'].get(name, 0):,}", f"{digest[:16]}…")
+    console.print(files)
 
 
 @index_app.command()

@@ -50,7 +50,7 @@ def calibrate(
     out: Path = typer.Option(..., help="Directory for the acceptance artifact."),
 ) -> None:
     """Measure positional acceptance p_j (and the proposer's cost per depth) by real verification."""
-    from draftwise.bench.workloads import WorkloadError, messages_for, parse_workload
+    from draftwise.workloads import messages_for, parse_workload
     from draftwise.optimize.calibrate import calibrate as run_calibration
     from draftwise.resolve import check
     from draftwise.optimize.calibrate import calibration_provenance, profile_from_counts
@@ -71,7 +71,7 @@ def calibrate(
         provenance = calibration_provenance(decoder, counts, workload, prompts, getattr(target_backend, "n_threads", threads))
         profile = profile_from_counts(counts, provenance)
         manifest = profile.save(out)
-    except (DraftwiseError, WorkloadError, OSError) as exc:
+    except (DraftwiseError, OSError) as exc:
         _fail(str(exc))
         return
     table = Table("depth", "reached", *[f"p{j}" for j in range(width)], "none selected")

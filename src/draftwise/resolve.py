@@ -170,7 +170,7 @@ def _measure_gate(spec: DecoderSpec, target: Backend, say: Say, root: Path) -> P
 
 def calibration_prompts(target: Backend, workload: str) -> list[list[int]]:
     """First turns of a workload, through the target's chat template."""
-    from draftwise.bench.workloads import messages_for, parse_workload
+    from draftwise.workloads import messages_for, parse_workload
 
     return [target.chat_prompt(messages_for(q, 0, [])) for q in parse_workload(workload).questions]
 

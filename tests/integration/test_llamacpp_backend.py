@@ -357,3 +357,30 @@ def test_verify_more_refuses_what_does_not_extend_the_round(backend, prompt):
     backend.commit([1, 2])
     _assert_only_sequence_zero(backend)
     assert_close(got, fresh_logits(backend, list(prompt) + [2000, 3000]), "grown row after refusals")
+
+
+CHATS = [
+    [{"role": "user", "content": "Write a Python function that reverses a list."}],
+    [{"role": "system", "content": "You answer in French."}, {"role": "user", "content": "Bonjour, ça va ? 🙂"}],
+    [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"},
+     {"role": "user", "content": "  And {{ braces }} and <|im_end|> spelled out?\n\n"}],
+]
+
+
+@pytest.mark.parametrize("messages", CHATS)
+def test_chat_prompt_matches_transformers_apply_chat_template(backend, smol_target, messages):
+    """llama.cpp renders the GGUF's template with llama-cpp-python's Jinja2ChatFormatter; the ids
+    must be transformers' apply_chat_template ids (the transformers backend's chat_prompt)."""
+    assert backend.chat_prompt(messages) == smol_target.chat_prompt(messages)
+
+
+def test_render_chat_has_transformers_jinja_semantics():
+    """Loop controls and transformers' tojson (no HTML escaping, no key sorting) in a template."""
+    from draftwise.backends.llamacpp_text import render_chat
+
+    template = ("{{ bos_token }}{% for m in messages %}{% if loop.index > 2 %}{% break %}{% endif %}"
+                "{{ m | tojson }}\n{% endfor %}{% if add_generation_prompt %}>{% endif %}")
+    messages = [{"role": "user", "content": "<a> & é"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]
+    assert render_chat(template, messages, "<s>", "</s>") == (
+        '<s>{"role": "user", "content": "<a> & é"}\n{"role": "assistant", "content": "b"}\n>'
+    )

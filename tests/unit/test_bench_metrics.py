@@ -7,7 +7,7 @@ from draftwise.bench.metrics import find_mismatches, first_difference, method_me
 from draftwise.bench.outputs import TurnOutput
 from draftwise.bench.runner import median_answer
 from draftwise.bench.store import Answer, answer_line, parse_answer_line
-from draftwise.bench.workloads import Question
+from draftwise.workloads import Question
 
 
 def turn(tokens, wall, rounds=None, phases=None, offsets=(), accept=None, kv=None):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from draftwise.bench.workloads import (
+from draftwise.workloads import (
     HUMANEVAL_INSTRUCTION,
     Question,
     WorkloadError,
@@ -48,6 +48,21 @@ def test_specbench_limit_is_stratified_over_all_categories(specbench):
     assert [q.question_id for q in parse_workload(f"specbench:{specbench}:all:4").questions] == ["1", "2", "3", "6"]
     assert [q.question_id for q in parse_workload(f"specbench:{specbench}:4").questions] == ["1", "2", "3", "6"]
     assert len(parse_workload(f"specbench:{specbench}:all:100").questions) == 6
+
+
+def test_packaged_spec_bench_dev_split():
+    """`spec-bench` reads the development split shipped inside the package (no path outside it)."""
+    from draftwise.data import spec_bench_questions
+
+    path = spec_bench_questions()
+    assert path.is_file() and (path.parent / "LICENSE").is_file() and (path.parent / "NOTICE").is_file()
+    every = parse_workload("spec-bench")
+    assert len(every.questions) == 240 and len(every.categories) == 13
+    assert every.questions == parse_workload(f"specbench:{path}").questions
+    three = parse_workload("spec-bench:3")
+    assert [q.category for q in three.questions] == ["writing", "roleplay", "reasoning"]
+    assert three.questions == parse_workload(f"specbench:{path}:3").questions
+    assert {q.category for q in parse_workload("spec-bench:qa,rag:4").questions} == {"qa", "rag"}
 
 
 def test_stratified_keeps_file_order():

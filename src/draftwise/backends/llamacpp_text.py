@@ -1,22 +1,23 @@
 """Text side of the llama.cpp backend: vocabulary, tokenize, detokenize, chat template.
 
-The chat template is the GGUF's own Jinja template (`tokenizer.chat_template`), rendered the
-way transformers renders it (sandboxed, trim_blocks, lstrip_blocks), so both backends build
-the same prompt ids.  `llama_chat_apply_template` is not used: it matches templates against
-a built-in list and drops what the Jinja source does (SmolLM2's default system prompt).
+The chat template is the GGUF's own Jinja template (`tokenizer.chat_template`), rendered by
+llama-cpp-python's `Jinja2ChatFormatter`, which renders it the way transformers does (sandboxed,
+trim_blocks, lstrip_blocks, loop controls, transformers' `tojson`; llama-cpp-python >= 0.3.24), so
+both backends build the same prompt ids.  `llama_chat_apply_template` is not used: it matches
+templates against a built-in list and drops what the Jinja source does (SmolLM2's default system
+prompt).
 """
 
 from __future__ import annotations
 
 import ctypes
-import json
-from datetime import datetime
+import functools
 from typing import Sequence
 
 import llama_cpp
 import numpy as np
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from draftwise.errors import InputError
 
 
 def vocab_texts(vocab, n_vocab: int) -> list[str]:
@@ -65,21 +66,11 @@ def model_meta(model, key: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=8)
+def _chat_formatter(template: str, bos_token: str, eos_token: str) -> Jinja2ChatFormatter:
+    return Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token, add_generation_prompt=True)
+
+
 def render_chat(template: str, messages: Sequence[dict], bos_token: str, eos_token: str) -> str:
     """The chat template applied like transformers' apply_chat_template(add_generation_prompt=True)."""
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message):
-        raise InputError(f"chat template: {message}")
-
-    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(template).render(
-        messages=list(messages), add_generation_prompt=True, bos_token=bos_token, eos_token=eos_token
-    )
+    return _chat_formatter(template, bos_token, eos_token)(messages=list(messages)).prompt

@@ -17,8 +17,6 @@ from rich.table import Table
 
 from draftwise.bench.methods import PEERS
 from draftwise.errors import DraftwiseError
-from draftwise.bench.store import StoreError
-from draftwise.bench.workloads import WorkloadError
 from draftwise.build import default_threads
 from draftwise.engine import GenerationConfig
 from draftwise.models import DEFAULT_MODEL
@@ -41,7 +39,7 @@ def _fail(message: str) -> None:
 @bench_app.callback(invoke_without_command=True)
 def run(
     ctx: typer.Context,
-    workload: list[str] = typer.Option([], help="specbench:PATH[:CATS][:N] | humaneval:A-B | prompts:PATH (repeatable)."),
+    workload: list[str] = typer.Option([], help="spec-bench[:CATS][:N] (the packaged dev split) | specbench:PATH[:CATS][:N] | humaneval:A-B | prompts:PATH (repeatable)."),
     method: list[str] = typer.Option([], help=METHOD_HELP),
     out: Optional[Path] = typer.Option(None, help="Result directory (answers, summary.json, report.md, plots)."),
     target: str = typer.Option(DEFAULT_MODEL, help="Target model for every method that does not name its own."),
@@ -78,7 +76,7 @@ def run(
                                  threads=threads or default_threads(), warmup_tokens=warmup_tokens)
         summary = run_bench(settings, out, resume=resume, console=err, show_progress=not quiet,
                             retry_failures=retry_failures)
-    except (DraftwiseError, WorkloadError, StoreError) as exc:
+    except DraftwiseError as exc:
         _fail(str(exc))
         return
     _print_summary(summary, out)

@@ -12,7 +12,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from draftwise.bench.env import environment
-from draftwise.bench.plots import write_plots
 from draftwise.bench.pool import ModelPool
 from draftwise.bench.report import write_report
 from draftwise.bench.runner import (
@@ -97,6 +96,8 @@ def earlier_distinct(out: Path, key: str, earlier_key: str, current: object) -> 
 
 def finish(out: Path) -> dict:
     """summary.json, plots and report.md from what is on disk."""
+    from draftwise.bench.plots import write_plots  # matplotlib (the bench extra) only when plotting
+
     summary = write_summary(out)
     plots = write_plots(summary, out)
     write_report(summary, out, plots)

@@ -26,7 +26,7 @@ from draftwise.bench.methods import MethodDefaults, MethodSpec, check_names, par
 from draftwise.bench.outputs import TurnOutput
 from draftwise.bench.pool import LOAD_ERRORS, ModelPool, ModelUnavailable
 from draftwise.bench.store import Answer, ResultStore, error_answer
-from draftwise.bench.workloads import Question, Workload, messages_for, parse_workloads
+from draftwise.workloads import Question, Workload, messages_for, parse_workloads
 from draftwise.engine import GenerationConfig
 from draftwise.sampling import SamplingPolicy
 

@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftwise.bench.outputs import TurnOutput
-from draftwise.bench.workloads import Question
+from draftwise.errors import InputError
+from draftwise.workloads import Question
 
 
-class StoreError(ValueError):
+class StoreError(InputError):
     """A result directory that does not fit the requested run."""
 
 

