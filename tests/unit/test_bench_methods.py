@@ -188,3 +188,13 @@ def test_the_winner_line_ranks_complete_methods_and_names_the_rest():
     assert "Not ranked (did not attempt all 60 questions): early." in line
     partial = {**summary, "methods": {"a": method(1.2, 26), "b": method(1.4, 27)}}
     assert "**b**, 1.40x (partial run, at most 27 of 60 questions per method: a provisional ranking)" in _winner(partial)
+
+
+def test_tree_auto_is_a_bench_method_too():
+    from draftwise.topology.tree_spec import AutoTree
+
+    m = parse_method("t=dw:proposer=draft-model,tree=auto", DEFAULTS)
+    assert m.decoder.family_config.tree == AutoTree() and m.draft == DEFAULTS.draft
+    assert "tree=auto" in m.describe()
+    with pytest.raises(MethodError, match="tree configures draft-model"):
+        parse_method("t=dw:proposer=prompt-lookup,tree=auto", DEFAULTS)

@@ -121,3 +121,17 @@ def test_a_mistyped_tree_directory_says_so():
 def test_profile_refuses_bad_input_with_a_message_not_a_traceback(tmp_path, args, needle):
     result = runner.invoke(app, ["profile", "--out", str(tmp_path / "p"), *args])
     assert result.exit_code == 2 and needle in result.output, result.output
+
+
+def test_a_user_error_is_one_message_and_exit_2_while_a_bug_keeps_its_traceback(monkeypatch):
+    import draftwise.cli as cli
+
+    out = refuse("--proposer", "magic")
+    assert out.startswith("error:") and "Traceback" not in out
+
+    def planted_bug(*args, **kwargs):
+        raise KeyError("planted bug")
+
+    monkeypatch.setattr(cli, "open_decoder", planted_bug)
+    result = runner.invoke(app, ["generate", "hello"])
+    assert isinstance(result.exception, KeyError) and result.exit_code == 1  # not swallowed as a user error
