@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -21,22 +21,35 @@ import torch
 
 from draftwise.artifacts import read_manifest, stamp_path, verify_files, write_manifest, write_stamp
 from draftwise.backends.base import BackendError, BackendInfo, ContextOverflow, check_grows, check_path, tokenizer_fingerprint
+from draftwise.backends.torch_probs import policy_probs
 from draftwise.models import ResolvedModel, cache_dir
 from draftwise.sampling import SamplingPolicy
 from draftwise.topology.compile import CompiledRound
+from draftwise.verify.base import cached_probs
 
 
 @dataclass(frozen=True, eq=False)
 class TorchLogits:
-    """TargetLogits over a device tensor [1 + N, V]; only what a verifier asks for is copied."""
+    """TargetLogits over a device tensor [1 + N, V]: the policy is applied to every row in one
+    batched pass on the device, and the result crosses to the host once per policy."""
 
     logits: torch.Tensor
+    _probs: dict = field(default_factory=dict, init=False, repr=False)  # policy -> host [1 + N, V]
 
     def argmax(self) -> np.ndarray:
         return self.logits.argmax(dim=-1).cpu().numpy()
 
+    def probs_all(self, policy: SamplingPolicy) -> np.ndarray:
+        return cached_probs(self._probs, policy, lambda: self._on_device(policy).cpu().numpy())
+
     def probs(self, row: int, policy: SamplingPolicy) -> np.ndarray:
-        return policy.probs(self.logits[row].float().cpu().numpy())
+        # every row at once even for one: a proposer asks for several rows of the same logits,
+        # and one batched pass plus one copy beats a sync per row on a device
+        return self.probs_all(policy)[row]
+
+    def _on_device(self, policy: SamplingPolicy) -> torch.Tensor:
+        with torch.inference_mode():
+            return policy_probs(self.logits, policy)  # [1 + N, V] float64, on the logits' device
 
 
 class TransformersBackend:

@@ -6,7 +6,7 @@ the reason, and a heuristic verifier is never bound in exact mode.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -46,9 +46,18 @@ class VerifierCapabilities:
 
 
 class TargetLogits(Protocol):
-    """Target outputs for one verified round: row 0 = frontier, row r + 1 = candidate row r."""
+    """Target outputs for one verified round: row 0 = frontier, row r + 1 = candidate row r.
 
-    def argmax(self) -> np.ndarray:  # [1 + N] int64
+    Verifiers read probabilities through `probs_all` only: every row under the policy in one
+    host array, computed once per policy (on the logits' device where they live) and cached,
+    so a walk over the tree costs one batched computation and at most one device sync.
+    `probs` is one row of it, for callers that want a single row (a draft model's proposer).
+    """
+
+    def argmax(self) -> np.ndarray:  # [1 + N] int64, first maximum
+        ...
+
+    def probs_all(self, policy: SamplingPolicy) -> np.ndarray:  # [1 + N, V] float64, read-only
         ...
 
     def probs(self, row: int, policy: SamplingPolicy) -> np.ndarray:  # [V] float64, policy applied
@@ -74,12 +83,30 @@ class NumpyLogits:
     """TargetLogits over a host array [1 + N, V] (a view is fine: nothing writes to it)."""
 
     logits: np.ndarray
+    # policy -> probs_all's array; per object (one round), so nothing outlives the round
+    _probs: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def argmax(self) -> np.ndarray:
         return self.logits.argmax(axis=-1)
 
+    def probs_all(self, policy: SamplingPolicy) -> np.ndarray:
+        return cached_probs(self._probs, policy, lambda: policy.probs(self.logits))
+
     def probs(self, row: int, policy: SamplingPolicy) -> np.ndarray:
-        return policy.probs(self.logits[row])
+        if policy in self._probs:
+            return self._probs[policy][row]
+        return policy.probs(self.logits[row])  # one row alone: no need to pay for the others
+
+
+def cached_probs(cache: dict, policy: SamplingPolicy, compute) -> np.ndarray:
+    """cache[policy], computed by `compute()` on first use and made read-only: verifiers share
+    the array across the round, and a verifier writing into it would corrupt the next one."""
+    probs = cache.get(policy)
+    if probs is None:
+        probs = compute()  # [1 + N, V]
+        probs.flags.writeable = False
+        cache[policy] = probs
+    return probs
 
 
 def bind(
