@@ -19,6 +19,7 @@ from draftwise.backends.base import BackendInfo
 from draftwise.backends.transformers import TransformersBackend
 from draftwise.engine import GenerationConfig, SpeculativeDecoder
 from draftwise.sampling import SamplingPolicy
+from draftwise.verify.base import NumpyLogits
 
 V = 8
 PROMPT = [1, 2, 3]
@@ -47,13 +48,31 @@ def tiny_backend(seed: int) -> TransformersBackend:
     return TransformersBackend(model, TinyTokenizer(), info)
 
 
+class HostLogitsBackend:
+    """The same backend, but its verify hands the verifier NumpyLogits over a host copy of the
+    logits: the NumPy reference path, next to the TorchLogits path the backend serves itself."""
+
+    def __init__(self, backend: TransformersBackend) -> None:
+        self._backend = backend
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+    def verify(self, *args, **kwargs) -> NumpyLogits:
+        return NumpyLogits(self._backend.verify(*args, **kwargs).logits.numpy())  # [1 + N, V]
+
+
+LOGITS_PATHS = {"torch": lambda backend: backend, "numpy": HostLogitsBackend}
+
+
 def exact_joint(target: TransformersBackend, policy: SamplingPolicy) -> np.ndarray:
     """[V, V]: P(first emitted token = a, second = b) under the target alone."""
 
     def next_probs(tokens: Sequence[int]) -> np.ndarray:
         target.reset()
         target.extend(list(tokens[:-1]))
-        p = target.verify(tokens[-1], None).probs(0, policy)
+        # the NumPy reference on the model's logits: the law the torch path is tested against
+        p = policy.probs(target.verify(tokens[-1], None).logits[0].numpy())
         target.rollback()
         return p
 
