@@ -46,13 +46,13 @@ def joint():
 
 @pytest.fixture(scope="module", params=sorted(LOGITS_PATHS))
 def models(request, joint):
-    """The verifier reads TorchLogits (the backend's own) or NumpyLogits over the same logits."""
+    """The verifier reads the same logits as NumpyLogits or through the batched torch pass."""
     return LOGITS_PATHS[request.param](tiny_backend(0)), tiny_backend(1), joint
 
 
 @pytest.fixture(scope="module")
 def torch_models(joint):
-    """The backend's own TorchLogits only: a planted bug is in the verifier, whatever feeds it."""
+    """The backend as it is: a planted bug is in the verifier, whatever path feeds it."""
     return tiny_backend(0), tiny_backend(1), joint
 
 

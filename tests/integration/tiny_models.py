@@ -16,7 +16,7 @@ import torch
 from scipy.stats import chisquare
 
 from draftwise.backends.base import BackendInfo
-from draftwise.backends.transformers import TransformersBackend
+from draftwise.backends.transformers import TorchLogits, TransformersBackend
 from draftwise.engine import GenerationConfig, SpeculativeDecoder
 from draftwise.sampling import SamplingPolicy
 from draftwise.verify.base import NumpyLogits
@@ -48,21 +48,23 @@ def tiny_backend(seed: int) -> TransformersBackend:
     return TransformersBackend(model, TinyTokenizer(), info)
 
 
-class HostLogitsBackend:
-    """The same backend, but its verify hands the verifier NumpyLogits over a host copy of the
-    logits: the NumPy reference path, next to the TorchLogits path the backend serves itself."""
+class LogitsPathBackend:
+    """The same backend, but its verify hands the verifier the logits through a chosen path:
+    NumpyLogits over a host copy (the reference) or TorchLogits forced through the batched
+    torch pass (what an accelerator runs; on the CPU the backend would pick NumPy itself)."""
 
-    def __init__(self, backend: TransformersBackend) -> None:
-        self._backend = backend
+    def __init__(self, backend: TransformersBackend, path: str) -> None:
+        self._backend, self._path = backend, path
 
     def __getattr__(self, name):
         return getattr(self._backend, name)
 
-    def verify(self, *args, **kwargs) -> NumpyLogits:
-        return NumpyLogits(self._backend.verify(*args, **kwargs).logits.numpy())  # [1 + N, V]
+    def verify(self, *args, **kwargs):
+        logits = self._backend.verify(*args, **kwargs).logits  # [1 + N, V]
+        return NumpyLogits(logits.numpy()) if self._path == "numpy" else TorchLogits(logits, on_device=True)
 
 
-LOGITS_PATHS = {"torch": lambda backend: backend, "numpy": HostLogitsBackend}
+LOGITS_PATHS = {path: (lambda backend, path=path: LogitsPathBackend(backend, path)) for path in ("numpy", "torch")}
 
 
 def exact_joint(target: TransformersBackend, policy: SamplingPolicy) -> np.ndarray:

@@ -74,7 +74,7 @@ def test_policy_probs_takes_the_model_dtype(dtype):
 
 def test_torch_and_numpy_logits_serve_the_same_rows():
     logits = random_logits(np.random.default_rng(2), 6, 50, ties=True)  # [6, 50]
-    host, device = NumpyLogits(logits), TorchLogits(torch.from_numpy(logits))
+    host, device = NumpyLogits(logits), TorchLogits(torch.from_numpy(logits), on_device=True)
     np.testing.assert_array_equal(device.argmax(), host.argmax())  # first maximum on ties, both
     for policy in POLICIES:
         assert_same_law(device.probs_all(policy), host.probs_all(policy))
@@ -82,7 +82,7 @@ def test_torch_and_numpy_logits_serve_the_same_rows():
             assert_same_law(device.probs(row, policy), host.probs(row, policy))
 
 
-@pytest.mark.parametrize("make", [NumpyLogits, lambda a: TorchLogits(torch.from_numpy(a))], ids=["numpy", "torch"])
+@pytest.mark.parametrize("make", [NumpyLogits, lambda a: TorchLogits(torch.from_numpy(a), on_device=True)], ids=["numpy", "torch"])
 def test_probs_all_is_computed_once_per_policy_and_read_only(make):
     logits = make(random_logits(np.random.default_rng(3), 4, 10, ties=False))
     a, b = SamplingPolicy(temperature=1.0), SamplingPolicy(temperature=0.5)
@@ -165,7 +165,7 @@ def test_verifiers_select_the_same_on_both_paths(verifier, relation, widths):
             want = verifier.select(round_, NumpyLogits(logits), policy, np.random.default_rng(trial))
         except ContractError:  # a draft outside the target's support under top-k/top-p (q = 0 cut)
             continue
-        got = verifier.select(round_, TorchLogits(torch.from_numpy(logits)), policy, np.random.default_rng(trial))
+        got = verifier.select(round_, TorchLogits(torch.from_numpy(logits), on_device=True), policy, np.random.default_rng(trial))
         assert got == want, (trial, policy)
 
 
@@ -191,7 +191,7 @@ def exact_chain_law(p: np.ndarray, qs, tokens) -> dict[tuple[int, int], float]:
     return law
 
 
-@pytest.mark.parametrize("make", [NumpyLogits, lambda a: TorchLogits(torch.from_numpy(a))], ids=["numpy", "torch"])
+@pytest.mark.parametrize("make", [NumpyLogits, lambda a: TorchLogits(torch.from_numpy(a), on_device=True)], ids=["numpy", "torch"])
 def test_vectorized_chain_follows_the_exact_rejection_law(make):
     vocab, samples = 4, 6000
     rng = np.random.default_rng(5)
@@ -232,3 +232,13 @@ def test_a_draft_outside_q_is_refused_wherever_it_sits():
     round_ = chain([0, 2], [q, q])  # the second draft has q = 0: it was not drawn from q
     with pytest.raises(ContractError, match="q = 0"):
         RejectionVerifier().select(round_, NumpyLogits(np.zeros((3, 3))), SamplingPolicy(1.0), np.random.default_rng(0))
+
+
+def test_cpu_logits_take_the_numpy_reference_itself():
+    """No sync to save on the CPU: TorchLogits there serves the reference's own arrays."""
+    logits = random_logits(np.random.default_rng(8), 5, 40, ties=True)  # [5, 40]
+    policy = SamplingPolicy(temperature=0.7, top_k=6, top_p=0.8)
+    want = policy.probs(logits)
+    np.testing.assert_array_equal(TorchLogits(torch.from_numpy(logits)).probs_all(policy), want)
+    half = torch.from_numpy(logits).to(torch.bfloat16)  # a bf16 model's logits: widened, as before
+    np.testing.assert_array_equal(TorchLogits(half).probs_all(policy), policy.probs(half.float().numpy()))

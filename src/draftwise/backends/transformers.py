@@ -31,25 +31,34 @@ from draftwise.verify.base import cached_probs
 @dataclass(frozen=True, eq=False)
 class TorchLogits:
     """TargetLogits over a device tensor [1 + N, V]: the policy is applied to every row in one
-    batched pass on the device, and the result crosses to the host once per policy."""
+    batched pass on the device, and the result crosses to the host once per policy.
+
+    On the CPU there is no sync to save, and NumPy's float64 kernels (the reference itself) beat
+    torch's there, so the rows go through `SamplingPolicy.probs` on a zero-copy view instead.
+    `on_device` forces the choice (tests run the torch path on the CPU)."""
 
     logits: torch.Tensor
+    on_device: bool | None = None  # None: the torch pass on accelerators, NumPy on the CPU
     _probs: dict = field(default_factory=dict, init=False, repr=False)  # policy -> host [1 + N, V]
 
     def argmax(self) -> np.ndarray:
         return self.logits.argmax(dim=-1).cpu().numpy()
 
     def probs_all(self, policy: SamplingPolicy) -> np.ndarray:
-        return cached_probs(self._probs, policy, lambda: self._on_device(policy).cpu().numpy())
+        return cached_probs(self._probs, policy, lambda: self._compute(policy))
 
     def probs(self, row: int, policy: SamplingPolicy) -> np.ndarray:
         # every row at once even for one: a proposer asks for several rows of the same logits,
         # and one batched pass plus one copy beats a sync per row on a device
         return self.probs_all(policy)[row]
 
-    def _on_device(self, policy: SamplingPolicy) -> torch.Tensor:
+    def _compute(self, policy: SamplingPolicy) -> np.ndarray:
+        on_device = self.logits.device.type != "cpu" if self.on_device is None else self.on_device
+        if not on_device:
+            host = self.logits if self.logits.dtype in (torch.float32, torch.float64) else self.logits.float()
+            return policy.probs(host.numpy())  # [1 + N, V]
         with torch.inference_mode():
-            return policy_probs(self.logits, policy)  # [1 + N, V] float64, on the logits' device
+            return policy_probs(self.logits, policy).cpu().numpy()  # [1 + N, V] float64: the one sync
 
 
 class TransformersBackend:
