@@ -1,7 +1,7 @@
 """Verification on the logits' device: the batched torch policy (`policy_probs`, behind
-`TorchLogits.probs_all`) against the NumPy reference (`SamplingPolicy.probs`, behind
-`NumpyLogits`), the verifiers fed by either, and the vectorized chain rejection against its
-exact law."""
+`TorchLogits` on an accelerator) against the NumPy reference (`SamplingPolicy.probs`, behind
+`NumpyLogits`), the verifiers fed by either, and chain rejection (uniforms drawn at once)
+against its exact law."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from draftwise.topology.compile import compile_round
 from draftwise.verify.base import NumpyLogits
 from draftwise.verify.greedy import GreedyVerifier
 from draftwise.verify.membership import MembershipVerifier
-from draftwise.verify.rejection import RejectionVerifier, first_rejection, residual
+from draftwise.verify.rejection import RejectionVerifier, residual
 from draftwise.verify.sequoia import SequoiaVerifier, without_replacement_q
 from draftwise.verify.specinfer import SpecInferVerifier
 from draftwise.verify.spectr import SpecTrVerifier
@@ -82,15 +82,37 @@ def test_torch_and_numpy_logits_serve_the_same_rows():
             assert_same_law(device.probs(row, policy), host.probs(row, policy))
 
 
-@pytest.mark.parametrize("make", [NumpyLogits, lambda a: TorchLogits(torch.from_numpy(a), on_device=True)], ids=["numpy", "torch"])
-def test_probs_all_is_computed_once_per_policy_and_read_only(make):
+ALL_PATHS = pytest.mark.parametrize("make", [
+    NumpyLogits,
+    lambda a: TorchLogits(torch.from_numpy(a)),  # on the CPU: NumPy rows, one at a time
+    lambda a: TorchLogits(torch.from_numpy(a), on_device=True),  # the accelerator's batched pass
+], ids=["numpy", "torch-cpu", "torch-batched"])
+
+
+@ALL_PATHS
+def test_rows_are_computed_once_per_policy_and_read_only(make):
     logits = make(random_logits(np.random.default_rng(3), 4, 10, ties=False))
     a, b = SamplingPolicy(temperature=1.0), SamplingPolicy(temperature=0.5)
-    first = logits.probs_all(a)
-    assert logits.probs_all(a) is first  # cached: one device pass and one copy per round
-    assert logits.probs_all(b) is not first
+    first = logits.probs(2, a)
+    assert np.shares_memory(logits.probs(2, a), first)  # served from the cache, not recomputed
+    assert not np.array_equal(logits.probs(2, b), first)
     with pytest.raises(ValueError, match="read-only"):
-        first[0, 0] = 1.0  # a verifier writing into the shared rows would corrupt the next reader
+        first[0] = 1.0  # a verifier writing into a shared row would corrupt the next reader
+
+
+def test_the_batched_pass_runs_once_per_round():
+    calls = []
+
+    class Counting(TorchLogits):
+        def _on_device(self, policy):
+            calls.append(policy)
+            return super()._on_device(policy)
+
+    logits = Counting(torch.from_numpy(random_logits(np.random.default_rng(9), 6, 10, ties=False)), on_device=True)
+    policy = SamplingPolicy(temperature=1.0, top_p=0.9)
+    for row in (0, 3, 5, 3):
+        logits.probs(row, policy)
+    assert calls == [policy]  # every row from one pass and one host copy
 
 
 def _top_k_dropping_ties(logits: torch.Tensor, policy: SamplingPolicy) -> torch.Tensor:
@@ -191,8 +213,8 @@ def exact_chain_law(p: np.ndarray, qs, tokens) -> dict[tuple[int, int], float]:
     return law
 
 
-@pytest.mark.parametrize("make", [NumpyLogits, lambda a: TorchLogits(torch.from_numpy(a), on_device=True)], ids=["numpy", "torch"])
-def test_vectorized_chain_follows_the_exact_rejection_law(make):
+@ALL_PATHS
+def test_chain_follows_the_exact_rejection_law(make):
     vocab, samples = 4, 6000
     rng = np.random.default_rng(5)
     p = rng.dirichlet(np.ones(vocab), size=4)  # [4, V]: frontier + 3 drafts
@@ -216,15 +238,28 @@ def test_vectorized_chain_follows_the_exact_rejection_law(make):
     assert chisquare(observed[big], expected[big] * observed[big].sum() / expected[big].sum()).pvalue > 1e-3
 
 
-def test_first_rejection_and_empty_chain():
-    assert first_rejection(np.array([True, True, False, True])) == 2
-    assert first_rejection(np.array([True, True])) == 2
-    assert first_rejection(np.array([], dtype=bool)) == 0
+def test_empty_chain_samples_the_frontier():
     p = np.array([[0.25, 0.75]])  # [1, V]: frontier only
     contract = ProposerContract(NC, SamplingRelation.IID, TopologyKind.SEQUENCE)
     round_ = compile_round(3, [ProposalResult((), contract, "d", "h", {})])
     sel = RejectionVerifier().select(round_, NumpyLogits(np.log(p)), SamplingPolicy(1.0), np.random.default_rng(0))
     assert sel.accepted_rows == () and sel.bonus_token in (0, 1)
+
+
+def test_the_chain_reads_rows_only_up_to_the_first_rejection():
+    """Host logits pay for the rows the chain reaches, not for the whole chain."""
+    read = []
+
+    class Recording(NumpyLogits):
+        def probs(self, row, policy):
+            read.append(row)
+            return super().probs(row, policy)
+
+    q = np.array([0.5, 0.5, 0.0])
+    round_ = chain([0, 0, 0], [q, q, q])
+    logits = np.log(np.array([[1e-9, 0.5, 0.5]] * 4))  # p(0) ~ 0: the first draft is rejected
+    sel = RejectionVerifier().select(round_, Recording(logits), SamplingPolicy(1.0), np.random.default_rng(0))
+    assert sel.accepted_rows == () and read == [0]
 
 
 def test_a_draft_outside_q_is_refused_wherever_it_sits():
@@ -235,10 +270,10 @@ def test_a_draft_outside_q_is_refused_wherever_it_sits():
 
 
 def test_cpu_logits_take_the_numpy_reference_itself():
-    """No sync to save on the CPU: TorchLogits there serves the reference's own arrays."""
+    """No sync to save on the CPU: TorchLogits there serves the reference's own rows."""
     logits = random_logits(np.random.default_rng(8), 5, 40, ties=True)  # [5, 40]
     policy = SamplingPolicy(temperature=0.7, top_k=6, top_p=0.8)
-    want = policy.probs(logits)
-    np.testing.assert_array_equal(TorchLogits(torch.from_numpy(logits)).probs_all(policy), want)
     half = torch.from_numpy(logits).to(torch.bfloat16)  # a bf16 model's logits: widened, as before
-    np.testing.assert_array_equal(TorchLogits(half).probs_all(policy), policy.probs(half.float().numpy()))
+    for row in range(5):
+        np.testing.assert_array_equal(TorchLogits(torch.from_numpy(logits)).probs(row, policy), policy.probs(logits[row]))
+        np.testing.assert_array_equal(TorchLogits(half).probs(row, policy), policy.probs(half[row].float().numpy()))

@@ -25,40 +25,53 @@ from draftwise.backends.torch_probs import policy_probs
 from draftwise.models import ResolvedModel, cache_dir
 from draftwise.sampling import SamplingPolicy
 from draftwise.topology.compile import CompiledRound
-from draftwise.verify.base import cached_probs
+from draftwise.verify.base import cached
 
 
 @dataclass(frozen=True, eq=False)
 class TorchLogits:
-    """TargetLogits over a device tensor [1 + N, V]: the policy is applied to every row in one
-    batched pass on the device, and the result crosses to the host once per policy.
+    """TargetLogits over a device tensor [1 + N, V].
 
-    On the CPU there is no sync to save, and NumPy's float64 kernels (the reference itself) beat
-    torch's there, so the rows go through `SamplingPolicy.probs` on a zero-copy view instead.
-    `on_device` forces the choice (tests run the torch path on the CPU)."""
+    On an accelerator the first `probs` call applies the policy to every row in one batched
+    pass on the device and copies the result to the host once; later rows are host slices, so
+    a walk costs one sync instead of one per node.  On the CPU there is no sync to save and a
+    walk visits few rows, so each row goes through the NumPy reference (`SamplingPolicy.probs`,
+    on a zero-copy view) when first asked for.  `on_device` forces the choice (tests run the
+    batched torch pass on the CPU)."""
 
     logits: torch.Tensor
-    on_device: bool | None = None  # None: the torch pass on accelerators, NumPy on the CPU
-    _probs: dict = field(default_factory=dict, init=False, repr=False)  # policy -> host [1 + N, V]
+    on_device: bool | None = None  # None: batched torch pass on accelerators, NumPy rows on the CPU
+    _cache: dict = field(default_factory=dict, init=False, repr=False)  # policy or (policy, row) -> host array
 
     def argmax(self) -> np.ndarray:
         return self.logits.argmax(dim=-1).cpu().numpy()
 
-    def probs_all(self, policy: SamplingPolicy) -> np.ndarray:
-        return cached_probs(self._probs, policy, lambda: self._compute(policy))
-
     def probs(self, row: int, policy: SamplingPolicy) -> np.ndarray:
-        # every row at once even for one: a proposer asks for several rows of the same logits,
-        # and one batched pass plus one copy beats a sync per row on a device
-        return self.probs_all(policy)[row]
+        if self._batched:
+            return self.probs_all(policy)[row]  # [V]
+        return cached(self._cache, (policy, row), lambda: policy.probs(self._host(row)))  # [V]
 
-    def _compute(self, policy: SamplingPolicy) -> np.ndarray:
-        on_device = self.logits.device.type != "cpu" if self.on_device is None else self.on_device
-        if not on_device:
-            host = self.logits if self.logits.dtype in (torch.float32, torch.float64) else self.logits.float()
-            return policy.probs(host.numpy())  # [1 + N, V]
+    def probs_all(self, policy: SamplingPolicy) -> np.ndarray:
+        """[1 + N, V] float64 on the host: one batched pass (on the device when batched), one copy."""
+        if not self._batched:
+            return policy.probs(self._host())
+        return cached(self._cache, policy, lambda: self._on_device(policy).cpu().numpy())
+
+    @property
+    def _batched(self) -> bool:
+        return self.logits.device.type != "cpu" if self.on_device is None else self.on_device
+
+    def _host(self, rows: int | slice = slice(None)) -> np.ndarray:
+        """Host view of `rows` ([V] or [R, V]); float32 and float64 as they are, half precisions
+        widened to float32 as before (only the rows asked for)."""
+        logits = self.logits[rows]
+        if logits.dtype not in (torch.float32, torch.float64):
+            logits = logits.float()
+        return logits.detach().cpu().numpy()
+
+    def _on_device(self, policy: SamplingPolicy) -> torch.Tensor:
         with torch.inference_mode():
-            return policy_probs(self.logits, policy).cpu().numpy()  # [1 + N, V] float64: the one sync
+            return policy_probs(self.logits, policy)  # [1 + N, V] float64, on the logits' device
 
 
 class TransformersBackend:

@@ -48,19 +48,17 @@ class VerifierCapabilities:
 class TargetLogits(Protocol):
     """Target outputs for one verified round: row 0 = frontier, row r + 1 = candidate row r.
 
-    Verifiers read probabilities through `probs_all` only: every row under the policy in one
-    host array, computed once per policy (on the logits' device where they live) and cached,
-    so a walk over the tree costs one batched computation and at most one device sync.
-    `probs` is one row of it, for callers that want a single row (a draft model's proposer).
+    Verifiers read probabilities through `probs` alone, one row at a time, in the order their
+    walk reaches the rows.  How rows are produced is the implementation's business: logits on
+    an accelerator compute every row in one batched pass at the first call and cross to the
+    host once (one sync per round, not one per node); host logits compute each row when first
+    asked, so a walk that stops early pays only for the rows it visited.
     """
 
     def argmax(self) -> np.ndarray:  # [1 + N] int64, first maximum
         ...
 
-    def probs_all(self, policy: SamplingPolicy) -> np.ndarray:  # [1 + N, V] float64, read-only
-        ...
-
-    def probs(self, row: int, policy: SamplingPolicy) -> np.ndarray:  # [V] float64, policy applied
+    def probs(self, row: int, policy: SamplingPolicy) -> np.ndarray:  # [V] float64, policy applied, read-only
         ...
 
 
@@ -83,30 +81,27 @@ class NumpyLogits:
     """TargetLogits over a host array [1 + N, V] (a view is fine: nothing writes to it)."""
 
     logits: np.ndarray
-    # policy -> probs_all's array; per object (one round), so nothing outlives the round
-    _probs: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _rows: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # (policy, row) -> [V]
 
     def argmax(self) -> np.ndarray:
         return self.logits.argmax(axis=-1)
 
-    def probs_all(self, policy: SamplingPolicy) -> np.ndarray:
-        return cached_probs(self._probs, policy, lambda: policy.probs(self.logits))
-
     def probs(self, row: int, policy: SamplingPolicy) -> np.ndarray:
-        if policy in self._probs:
-            return self._probs[policy][row]
-        return policy.probs(self.logits[row])  # one row alone: no need to pay for the others
+        return cached(self._rows, (policy, row), lambda: policy.probs(self.logits[row]))  # [V]
+
+    def probs_all(self, policy: SamplingPolicy) -> np.ndarray:  # [1 + N, V], the reference for every row
+        return policy.probs(self.logits)
 
 
-def cached_probs(cache: dict, policy: SamplingPolicy, compute) -> np.ndarray:
-    """cache[policy], computed by `compute()` on first use and made read-only: verifiers share
-    the array across the round, and a verifier writing into it would corrupt the next one."""
-    probs = cache.get(policy)
-    if probs is None:
-        probs = compute()  # [1 + N, V]
-        probs.flags.writeable = False
-        cache[policy] = probs
-    return probs
+def cached(cache: dict, key, compute) -> np.ndarray:
+    """cache[key], computed by `compute()` on first use and made read-only: the rows are shared
+    by everything that reads this round, and a verifier writing into one would corrupt the rest."""
+    value = cache.get(key)
+    if value is None:
+        value = compute()
+        value.flags.writeable = False
+        cache[key] = value
+    return value
 
 
 def bind(

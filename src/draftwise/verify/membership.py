@@ -33,9 +33,8 @@ class MembershipVerifier:
         accepted: list[int] = []
         row = -1
         best = target.argmax() if policy.greedy else None  # argmax is the whole policy at T = 0
-        probs = None if policy.greedy else target.probs_all(policy)  # [1 + N, V]
         while True:
-            token = int(best[row + 1]) if best is not None else sample(probs[row + 1], rng)
+            token = int(best[row + 1]) if best is not None else sample(target.probs(row + 1, policy), rng)
             child = child_with_token(round_, row, token)
             if child is None:
                 return Selection(tuple(accepted), token)

@@ -5,11 +5,13 @@ the same policy): accept with probability min(1, p(x) / q(x)); on rejection emit
 of the normalized residual (p - q)+ and stop; if the whole chain is accepted, the bonus
 token is a sample of p at the last row.
 
-The chain is tested in one vectorized step, as gpt-fast and vLLM do: one uniform per draft
-drawn at once, the accept mask u < p(x)/q(x) over the whole chain, the first rejection read
-off it, and one residual (or bonus) sample.  The uniforms past the first rejection are never
-looked at, so each token is still accepted with probability min(1, p/q) given its prefix: the
-law is the loop's, only the generator's stream is consumed differently.
+All the accept uniforms are drawn at once, as gpt-fast and vLLM do, and the first rejection
+is the first draft whose uniform is not below p(x)/q(x); the uniforms past it are never looked
+at, so each draft is still accepted with probability min(1, p/q) given its prefix: the law is
+the one-at-a-time loop's, only the generator's stream is consumed differently (n + 1 draws
+for n drafts, whatever the outcome).  The rows are read in order up to the first rejection:
+logits on an accelerator hand over every row after one batched pass (no sync per node), and
+host logits then compute only the rows the chain reaches.
 """
 
 from __future__ import annotations
@@ -50,16 +52,15 @@ class RejectionVerifier:
         self, round_: CompiledRound, target: TargetLogits, policy: SamplingPolicy, rng: np.random.Generator
     ) -> Selection:
         rows = chain_rows(round_)  # [n] candidate rows, root first
-        path = [-1, *rows]  # the frontier, then every candidate row
-        probs = target.probs_all(policy)  # [1 + N, V]
-        at = np.array(path[:-1], dtype=np.int64) + 1  # [n]: the probs row each draft was drawn after
-        q_at = [round_.q_dist[int(round_.source_id[c])][r] for c, r in zip(rows, path)]  # n x [V]
-        tokens = round_.token_ids[rows]  # [n]
-        q_x = np.array([q[x] for q, x in zip(q_at, tokens)], dtype=np.float64)  # [n]
-        kept = first_rejection(rng.random(len(rows)) < accept_probabilities(probs[at, tokens], q_x))
-        if kept == len(rows):  # the whole chain is accepted: the bonus is a sample of p after it
-            return Selection(tuple(rows), sample(probs[path[-1] + 1], rng))
-        return Selection(tuple(rows[:kept]), sample(residual(probs[at[kept]], q_at[kept]), rng))
+        path = [-1, *rows]  # path[i]: the row draft i was drawn after (-1 = frontier)
+        uniforms = rng.random(len(rows))  # [n], one per draft, drawn at once
+        for i, (row, child) in enumerate(zip(path, rows)):
+            p = target.probs(row + 1, policy)  # [V]
+            q = round_.q_dist[int(round_.source_id[child])][row]  # [V], the distribution the draft was drawn from
+            x = int(round_.token_ids[child])
+            if not uniforms[i] < accept_probability(float(p[x]), float(q[x])):
+                return Selection(tuple(rows[:i]), sample(residual(p, q), rng))
+        return Selection(tuple(rows), sample(target.probs(path[-1] + 1, policy), rng))  # the bonus after the chain
 
 
 def chain_rows(round_: CompiledRound) -> list[int]:
@@ -71,15 +72,3 @@ def chain_rows(round_: CompiledRound) -> list[int]:
         rows.append(child)
         children = round_.children_of(child)
     return rows
-
-
-def accept_probabilities(p_x: np.ndarray, q_x: np.ndarray) -> np.ndarray:
-    """min(1, p(x) / q(x)) per draft; [n] -> [n]."""
-    if np.any(q_x <= 0.0):
-        raise ContractError("a drafted token has q = 0 under the policy: it could not have been sampled")
-    return np.minimum(1.0, p_x / q_x)
-
-
-def first_rejection(accepted: np.ndarray) -> int:
-    """Index of the first False in a bool mask [n] (n when all are True): the accepted prefix length."""
-    return int(np.argmin(accepted)) if not accepted.all() else len(accepted)

@@ -132,9 +132,8 @@ class ResidualTreeVerifier(abc.ABC):
     ) -> Selection:
         accepted: list[int] = []
         row = -1
-        probs = target.probs_all(policy)  # [1 + N, V]: every row at once, whichever the walk visits
         while True:
-            p = probs[row + 1]  # [V]
+            p = target.probs(row + 1, policy)  # [V]
             draws = self.draws(round_, row)
             if not draws:
                 return Selection(tuple(accepted), int(pick(p)))

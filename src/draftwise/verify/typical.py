@@ -48,13 +48,15 @@ class TypicalVerifier:
     ) -> Selection:
         # rows come parent-before-child, so one forward pass knows whether each parent passed
         passed = np.zeros(round_.n, dtype=bool)  # [N]: row and all its ancestors accepted
-        probs = target.probs_all(policy)  # [1 + N, V]
+        probs: dict[int, np.ndarray] = {}
         best = -1
         for r in range(round_.n):
             parent = int(round_.parent[r])
             if parent >= 0 and not passed[parent]:
                 continue
-            if typical_accepts(probs[parent + 1], int(round_.token_ids[r]), self.epsilon, self.delta):
+            if parent not in probs:
+                probs[parent] = target.probs(parent + 1, policy)  # [V]
+            if typical_accepts(probs[parent], int(round_.token_ids[r]), self.epsilon, self.delta):
                 passed[r] = True
                 if best == -1 or round_.depth[r] > round_.depth[best]:
                     best = r
@@ -63,5 +65,5 @@ class TypicalVerifier:
         while row != -1:
             path.append(row)
             row = int(round_.parent[row])
-        bonus = sample(probs[best + 1], rng)
+        bonus = sample(target.probs(best + 1, policy), rng)
         return Selection(tuple(reversed(path)), bonus)
