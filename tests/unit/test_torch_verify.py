@@ -14,7 +14,15 @@ from scipy.stats import chisquare
 
 from draftwise.backends.torch_probs import policy_probs
 from draftwise.backends.transformers import TorchLogits
-from draftwise.contracts import ContractError, ProbabilitySemantics, ProposalNode, ProposalResult, ProposerContract, SamplingRelation, TopologyKind
+from draftwise.contracts import (
+    ContractError,
+    ProbabilitySemantics,
+    ProposalNode,
+    ProposalResult,
+    ProposerContract,
+    SamplingRelation,
+    TopologyKind,
+)
 from draftwise.sampling import SamplingPolicy
 from draftwise.topology.compile import compile_round
 from draftwise.verify.base import NumpyLogits
@@ -155,7 +163,10 @@ def random_round(rng: np.random.Generator, vocab: int, policy: SamplingPolicy, r
                 nodes.append(ProposalNode(drawn[-1], parent, depth, q=float(law[drawn[-1]]), source="d"))
                 nxt.append(len(nodes) - 1)
         frontier = nxt
-    topology = TopologyKind.SEQUENCE if set(widths) == {1} else TopologyKind.SET if len(widths) == 1 else TopologyKind.TREE
+    if set(widths) == {1}:
+        topology = TopologyKind.SEQUENCE
+    else:
+        topology = TopologyKind.SET if len(widths) == 1 else TopologyKind.TREE
     contract = ProposerContract(NC, relation, topology)
     return compile_round(5, [ProposalResult(tuple(nodes), contract, "d", "h", dists)])
 
@@ -171,7 +182,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("verifier, relation, widths", CASES, ids=lambda c: getattr(c, "capabilities", None) and c.capabilities.name)
+@pytest.mark.parametrize("verifier, relation, widths", CASES, ids=[case[0].capabilities.name for case in CASES])
 def test_verifiers_select_the_same_on_both_paths(verifier, relation, widths):
     """Same probabilities and the same generator state: the same selection, round after round."""
     rng = np.random.default_rng(11)
@@ -187,7 +198,8 @@ def test_verifiers_select_the_same_on_both_paths(verifier, relation, widths):
             want = verifier.select(round_, NumpyLogits(logits), policy, np.random.default_rng(trial))
         except ContractError:  # a draft outside the target's support under top-k/top-p (q = 0 cut)
             continue
-        got = verifier.select(round_, TorchLogits(torch.from_numpy(logits), on_device=True), policy, np.random.default_rng(trial))
+        batched = TorchLogits(torch.from_numpy(logits), on_device=True)
+        got = verifier.select(round_, batched, policy, np.random.default_rng(trial))
         assert got == want, (trial, policy)
 
 
@@ -275,5 +287,6 @@ def test_cpu_logits_take_the_numpy_reference_itself():
     policy = SamplingPolicy(temperature=0.7, top_k=6, top_p=0.8)
     half = torch.from_numpy(logits).to(torch.bfloat16)  # a bf16 model's logits: widened, as before
     for row in range(5):
-        np.testing.assert_array_equal(TorchLogits(torch.from_numpy(logits)).probs(row, policy), policy.probs(logits[row]))
+        want = policy.probs(logits[row])
+        np.testing.assert_array_equal(TorchLogits(torch.from_numpy(logits)).probs(row, policy), want)
         np.testing.assert_array_equal(TorchLogits(half).probs(row, policy), policy.probs(half[row].float().numpy()))

@@ -18,7 +18,9 @@ V = 6
 
 # the verifier's view of the same logits: a host array (the reference) or a torch tensor
 LOGITS = pytest.mark.parametrize(
-    "make_logits", [NumpyLogits, lambda a: TorchLogits(torch.from_numpy(np.asarray(a)), on_device=True)], ids=["numpy", "torch"]
+    "make_logits",
+    [NumpyLogits, lambda a: TorchLogits(torch.from_numpy(np.asarray(a)), on_device=True)],
+    ids=["numpy", "torch"],
 )
 
 
