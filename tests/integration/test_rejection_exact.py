@@ -8,7 +8,7 @@ from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer
 from draftwise.sampling import SamplingPolicy, sample
 from draftwise.verify.base import Selection
 from draftwise.verify.rejection import RejectionVerifier, accept_probability
-from tests.integration.tiny_models import chi_square_p, exact_joint, first_two_counts, tiny_backend
+from tests.integration.tiny_models import LOGITS_PATHS, chi_square_p, exact_joint, first_two_counts, tiny_backend
 
 SAMPLES = 2000
 POLICY = SamplingPolicy(temperature=1.0)
@@ -40,9 +40,20 @@ def p_value(verifier, target, draft, joint) -> float:
 
 
 @pytest.fixture(scope="module")
-def models():
-    target, draft = tiny_backend(0), tiny_backend(1)
-    return target, draft, exact_joint(target, POLICY)
+def joint():
+    return exact_joint(tiny_backend(0), POLICY)
+
+
+@pytest.fixture(scope="module", params=sorted(LOGITS_PATHS))
+def models(request, joint):
+    """The verifier reads the same logits as NumpyLogits or through the batched torch pass."""
+    return LOGITS_PATHS[request.param](tiny_backend(0)), tiny_backend(1), joint
+
+
+@pytest.fixture(scope="module")
+def torch_models(joint):
+    """The backend as it is: a planted bug is in the verifier, whatever path feeds it."""
+    return tiny_backend(0), tiny_backend(1), joint
 
 
 def test_rejection_matches_exact_target_law(models):
@@ -50,6 +61,6 @@ def test_rejection_matches_exact_target_law(models):
     assert p_value(RejectionVerifier(), target, draft, joint) > 1e-3
 
 
-def test_planted_bug_is_caught(models):
-    target, draft, joint = models
+def test_planted_bug_is_caught(torch_models):
+    target, draft, joint = torch_models
     assert p_value(ResidualIsQ(), target, draft, joint) < 1e-6

@@ -15,7 +15,7 @@ from draftwise.verify.sequoia import SequoiaVerifier
 from draftwise.verify.specinfer import NodeDecision, SpecInferVerifier, draw_rows
 from draftwise.verify.spectr import SpecTrVerifier
 from draftwise.topology.tree_spec import TreeTemplate
-from tests.integration.tiny_models import chi_square_p, exact_joint, first_two_counts, tiny_backend
+from tests.integration.tiny_models import LOGITS_PATHS, chi_square_p, exact_joint, first_two_counts, tiny_backend
 
 SAMPLES = 1000
 POLICY = SamplingPolicy(temperature=1.0)
@@ -58,12 +58,23 @@ class SiblingOrderIgnored(SequoiaVerifier):
 
 
 @pytest.fixture(scope="module")
-def models():
+def joint():
     # Seeds picked by exact enumeration of the first position (not by these tests' outcomes):
     # with target 3 / draft 4 and three siblings, the two Sequoia bugs move the first token's
     # law by 0.16 and 0.56 in total variation, where target 0 / draft 1 hid them (< 0.03).
-    target, draft = tiny_backend(3), tiny_backend(4)
-    return target, draft, exact_joint(target, POLICY)
+    return exact_joint(tiny_backend(3), POLICY)
+
+
+@pytest.fixture(scope="module", params=sorted(LOGITS_PATHS))
+def models(request, joint):
+    """The verifier reads the same logits as NumpyLogits or through the batched torch pass."""
+    return LOGITS_PATHS[request.param](tiny_backend(3)), tiny_backend(4), joint
+
+
+@pytest.fixture(scope="module")
+def torch_models(joint):
+    """The backend as it is: a planted bug is in the verifier, whatever path feeds it."""
+    return tiny_backend(3), tiny_backend(4), joint
 
 
 def p_value(models, verifier, template, relation) -> float:
@@ -94,5 +105,5 @@ def test_exact_verifier_matches_target_law(models, verifier, template, relation)
     ],
     ids=["residual-skipped", "q-not-renormalized", "sibling-order-ignored"],
 )
-def test_planted_bug_is_caught(models, verifier, relation):
-    assert p_value(models, verifier, TREE, relation) < 1e-6
+def test_planted_bug_is_caught(torch_models, verifier, relation):
+    assert p_value(torch_models, verifier, TREE, relation) < 1e-6

@@ -16,9 +16,10 @@ import torch
 from scipy.stats import chisquare
 
 from draftwise.backends.base import BackendInfo
-from draftwise.backends.transformers import TransformersBackend
+from draftwise.backends.transformers import TorchLogits, TransformersBackend
 from draftwise.engine import GenerationConfig, SpeculativeDecoder
 from draftwise.sampling import SamplingPolicy
+from draftwise.logits import NumpyLogits
 
 V = 8
 PROMPT = [1, 2, 3]
@@ -47,13 +48,33 @@ def tiny_backend(seed: int) -> TransformersBackend:
     return TransformersBackend(model, TinyTokenizer(), info)
 
 
+class LogitsPathBackend:
+    """The same backend, but its verify hands the verifier the logits through a chosen path:
+    NumpyLogits over a host copy (the reference) or TorchLogits forced through the batched
+    torch pass (what an accelerator runs; on the CPU the backend would pick NumPy itself)."""
+
+    def __init__(self, backend: TransformersBackend, path: str) -> None:
+        self._backend, self._path = backend, path
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+    def verify(self, *args, **kwargs):
+        logits = self._backend.verify(*args, **kwargs).logits  # [1 + N, V]
+        return NumpyLogits(logits.numpy()) if self._path == "numpy" else TorchLogits(logits, on_device=True)
+
+
+LOGITS_PATHS = {path: (lambda backend, path=path: LogitsPathBackend(backend, path)) for path in ("numpy", "torch")}
+
+
 def exact_joint(target: TransformersBackend, policy: SamplingPolicy) -> np.ndarray:
     """[V, V]: P(first emitted token = a, second = b) under the target alone."""
 
     def next_probs(tokens: Sequence[int]) -> np.ndarray:
         target.reset()
         target.extend(list(tokens[:-1]))
-        p = target.verify(tokens[-1], None).probs(0, policy)
+        # the NumPy reference on the model's logits: the law the torch path is tested against
+        p = policy.probs(target.verify(tokens[-1], None).logits[0].numpy())
         target.rollback()
         return p
 

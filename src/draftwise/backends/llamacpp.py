@@ -51,7 +51,7 @@ from draftwise.backends.llamacpp_text import detokenize, model_meta, render_chat
 from draftwise.backends.base import tokenizer_fingerprint
 from draftwise.models import ResolvedModel
 from draftwise.topology.compile import CompiledRound
-from draftwise.verify.base import NumpyLogits
+from draftwise.logits import NumpyLogits
 
 _KV_TYPE = llama_cpp.GGML_TYPE_F16  # K and V cache type, fixed so kv_bytes can be computed exactly
 _KV_TYPE_BYTES = 2

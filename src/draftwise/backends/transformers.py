@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -21,22 +21,57 @@ import torch
 
 from draftwise.artifacts import read_manifest, stamp_path, verify_files, write_manifest, write_stamp
 from draftwise.backends.base import BackendError, BackendInfo, ContextOverflow, check_grows, check_path, tokenizer_fingerprint
+from draftwise.backends.torch_probs import policy_probs
 from draftwise.models import ResolvedModel, cache_dir
 from draftwise.sampling import SamplingPolicy
 from draftwise.topology.compile import CompiledRound
+from draftwise.logits import cached
 
 
 @dataclass(frozen=True, eq=False)
 class TorchLogits:
-    """TargetLogits over a device tensor [1 + N, V]; only what a verifier asks for is copied."""
+    """TargetLogits over a device tensor [1 + N, V].
+
+    On an accelerator the first `probs` call applies the policy to every row in one batched
+    pass on the device and copies the result to the host once; later rows are host slices, so
+    a walk costs one sync instead of one per node.  On the CPU there is no sync to save and a
+    walk visits few rows, so each row goes through the NumPy reference (`SamplingPolicy.probs`,
+    on a zero-copy view) when first asked for.  `on_device` forces the choice (tests run the
+    batched torch pass on the CPU)."""
 
     logits: torch.Tensor
+    on_device: bool | None = None  # None: batched torch pass on accelerators, NumPy rows on the CPU
+    _cache: dict = field(default_factory=dict, init=False, repr=False)  # policy or (policy, row) -> host array
 
     def argmax(self) -> np.ndarray:
         return self.logits.argmax(dim=-1).cpu().numpy()
 
     def probs(self, row: int, policy: SamplingPolicy) -> np.ndarray:
-        return policy.probs(self.logits[row].float().cpu().numpy())
+        if self._batched:
+            return self.probs_all(policy)[row]  # [V]
+        return cached(self._cache, (policy, row), lambda: policy.probs(self._host(row)))  # [V]
+
+    def probs_all(self, policy: SamplingPolicy) -> np.ndarray:
+        """[1 + N, V] float64 on the host: one batched pass (on the device when batched), one copy."""
+        if not self._batched:
+            return policy.probs(self._host())
+        return cached(self._cache, policy, lambda: self._on_device(policy).cpu().numpy())
+
+    @property
+    def _batched(self) -> bool:
+        return self.logits.device.type != "cpu" if self.on_device is None else self.on_device
+
+    def _host(self, rows: int | slice = slice(None)) -> np.ndarray:
+        """Host view of `rows` ([V] or [R, V]); float32 and float64 as they are, half precisions
+        widened to float32 as before (only the rows asked for)."""
+        logits = self.logits[rows]
+        if logits.dtype not in (torch.float32, torch.float64):
+            logits = logits.float()
+        return logits.detach().cpu().numpy()
+
+    def _on_device(self, policy: SamplingPolicy) -> torch.Tensor:
+        with torch.inference_mode():
+            return policy_probs(self.logits, policy)  # [1 + N, V] float64, on the logits' device
 
 
 class TransformersBackend:

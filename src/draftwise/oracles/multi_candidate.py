@@ -33,7 +33,8 @@ from draftwise.oracles.registry import OracleResult, register
 from draftwise.sampling import SamplingPolicy
 from draftwise.topology.compile import CompiledRound, TreeLimits, compile_round
 from draftwise.topology.templates import Template, max_depth, slots_by_parent
-from draftwise.verify.base import NumpyLogits, Selection, TargetLogits
+from draftwise.logits import NumpyLogits, TargetLogits
+from draftwise.verify.base import Selection
 from draftwise.verify.rejection import accept_probability, residual
 from draftwise.verify.sequoia import SequoiaVerifier, without_replacement_q
 from draftwise.verify.specinfer import NodeDecision, Pick, SpecInferVerifier, specinfer_node

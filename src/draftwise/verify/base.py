@@ -18,6 +18,7 @@ from draftwise.contracts import (
     SamplingRelation,
     TopologyKind,
 )
+from draftwise.logits import NumpyLogits, TargetLogits, cached  # noqa: F401  (re-exported: the verifiers' inputs)
 from draftwise.sampling import SamplingPolicy
 from draftwise.topology.compile import CompiledRound
 
@@ -45,16 +46,6 @@ class VerifierCapabilities:
     any_candidates: bool = False
 
 
-class TargetLogits(Protocol):
-    """Target outputs for one verified round: row 0 = frontier, row r + 1 = candidate row r."""
-
-    def argmax(self) -> np.ndarray:  # [1 + N] int64
-        ...
-
-    def probs(self, row: int, policy: SamplingPolicy) -> np.ndarray:  # [V] float64, policy applied
-        ...
-
-
 @dataclass(frozen=True)
 class Selection:
     accepted_rows: tuple[int, ...]  # candidate rows on one root-to-node path, root first
@@ -67,19 +58,6 @@ class Verifier(Protocol):
     def select(
         self, round_: CompiledRound, target: TargetLogits, policy: SamplingPolicy, rng: np.random.Generator
     ) -> Selection: ...
-
-
-@dataclass(frozen=True)
-class NumpyLogits:
-    """TargetLogits over a host array [1 + N, V] (a view is fine: nothing writes to it)."""
-
-    logits: np.ndarray
-
-    def argmax(self) -> np.ndarray:
-        return self.logits.argmax(axis=-1)
-
-    def probs(self, row: int, policy: SamplingPolicy) -> np.ndarray:
-        return policy.probs(self.logits[row])
 
 
 def bind(
