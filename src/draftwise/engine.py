@@ -22,7 +22,8 @@ from typing import Callable, Generator, Sequence
 import numpy as np
 
 from draftwise.backends.base import Backend, check_fits
-from draftwise.contracts import ContractError, ProposalResult, RoundManifest, TopologyKind
+from draftwise.contracts import ProposalResult, RoundManifest, TopologyKind
+from draftwise.errors import ContractError
 from draftwise.errors import InputError
 from draftwise.gate import CostGate, CostGateConfig, check_gateable, gate_round
 from draftwise.proposers.base import Proposer, RoundFeedback

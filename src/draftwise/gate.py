@@ -151,7 +151,7 @@ def check_gateable(verifier: VerifierCapabilities) -> None:
 def rows_within_depths(round_: CompiledRound, max_depth: int) -> list[int]:
     """[max_depth + 1]: candidate rows of depth <= d, for d = 0..max_depth."""
     counts = np.bincount(round_.depth, minlength=max_depth + 1)[: max_depth + 1]  # [max_depth + 1]
-    return np.cumsum(counts).tolist()
+    return [int(n) for n in np.cumsum(counts)]
 
 
 def gate_round(gate: CostGate | None, offered: CompiledRound, *, reads_prompt: bool) -> tuple[CompiledRound, bool]:

@@ -4,11 +4,13 @@ backends (which produce it) and the verifiers (which read it), so neither import
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Hashable, Protocol, TypeVar
 
 import numpy as np
 
 from draftwise.sampling import SamplingPolicy
+
+K = TypeVar("K", bound=Hashable)
 
 
 class TargetLogits(Protocol):
@@ -33,10 +35,10 @@ class NumpyLogits:
     """TargetLogits over a host array [1 + N, V] (a view is fine: nothing writes to it)."""
 
     logits: np.ndarray
-    _rows: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # (policy, row) -> [V]
+    _rows: dict[tuple[SamplingPolicy, int], np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)  # (policy, row) -> [V]
 
     def argmax(self) -> np.ndarray:
-        return self.logits.argmax(axis=-1)
+        return np.asarray(self.logits.argmax(axis=-1))
 
     def probs(self, row: int, policy: SamplingPolicy) -> np.ndarray:
         return cached(self._rows, (policy, row), lambda: policy.probs(self.logits[row]))  # [V]
@@ -45,7 +47,7 @@ class NumpyLogits:
         return policy.probs(self.logits)
 
 
-def cached(cache: dict, key, compute) -> np.ndarray:
+def cached(cache: dict[K, np.ndarray], key: K, compute: Callable[[], np.ndarray]) -> np.ndarray:
     """cache[key], computed by `compute()` on first use and made read-only: the rows are shared
     by everything that reads this round, and a verifier writing into one would corrupt the rest."""
     value = cache.get(key)

@@ -29,7 +29,7 @@ def option(default: Any = dataclasses.MISSING, *, key: str | None = None, help: 
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def config_keys(cls: type) -> dict[str, dataclasses.Field]:
+def config_keys(cls: type) -> dict[str, dataclasses.Field[Any]]:
     """External key -> field, for every field of the config dataclass `cls`."""
     return {f.metadata.get("key") or f.name: f for f in dataclasses.fields(cls)}
 
@@ -51,7 +51,7 @@ def parse_config(cls: type[C], values: Mapping[str, str], owner: str) -> C:
         raise InputError(f"{owner}: {exc}") from exc
 
 
-def parse_value(field: dataclasses.Field, hint: Any, text: str, where: str) -> Any:
+def parse_value(field: dataclasses.Field[Any], hint: Any, text: str, where: str) -> Any:
     parse = field.metadata.get("parse")
     try:
         if parse is not None:

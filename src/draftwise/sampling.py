@@ -8,6 +8,7 @@ the first argmax, so every exact verifier reduces to greedy match.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +37,7 @@ class SamplingPolicy:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def probs(self, logits: np.ndarray) -> np.ndarray:
@@ -55,7 +56,7 @@ class SamplingPolicy:
         probs /= probs.sum(axis=-1, keepdims=True)
         if self.top_p < 1.0:
             probs = _nucleus(probs, self.top_p)
-        return probs
+        return np.asarray(probs)
 
 
 def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
@@ -68,7 +69,7 @@ def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
     drop = np.zeros_like(drop_sorted)
     np.put_along_axis(drop, order, drop_sorted, axis=-1)
     probs = np.where(drop, 0.0, probs)
-    return probs / probs.sum(axis=-1, keepdims=True)
+    return np.asarray(probs / probs.sum(axis=-1, keepdims=True))
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:

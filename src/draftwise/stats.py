@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -55,7 +56,7 @@ class GenerationStats:
     max_kv_bytes: int  # the most KV any round held, committed rows included
     max_provisional_kv_bytes: int  # the most KV a round held provisionally (the verify's own rows)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

@@ -25,7 +25,6 @@ import numpy as np
 
 from draftwise.backends.base import Backend
 from draftwise.contracts import (
-    ContractError,
     ProbabilitySemantics,
     ProposalNode,
     ProposalResult,
@@ -33,6 +32,7 @@ from draftwise.contracts import (
     SamplingRelation,
     TopologyKind,
 )
+from draftwise.errors import ContractError
 from draftwise.errors import InputError
 from draftwise.options import option
 from draftwise.proposers.base import RoundFeedback

@@ -10,7 +10,7 @@ occurrences into one trie.  Copied tokens carry no probability (semantics absent
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -55,7 +55,7 @@ class PromptLookupProposer:
         self.config = config
         self.contract = lookup_contract(config)
 
-    def identity(self) -> dict:
+    def identity(self) -> dict[str, Any]:
         return {"name": self.name, **self.config.__dict__}
 
     def begin(self, policy: SamplingPolicy, rng: np.random.Generator) -> None:

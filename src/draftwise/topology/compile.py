@@ -14,10 +14,12 @@ scores token_ids[r] is logits row parent[r] + 1 (a row's own logits predict its 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
-from draftwise.contracts import ContractError, ProbabilitySemantics, ProposalResult
+from draftwise.contracts import ProbabilitySemantics, ProposalResult
+from draftwise.errors import ContractError
 
 COMPILER_VERSION = "2"  # 2: the node budget counts nodes, merged ones included (1 counted rows)
 
@@ -133,7 +135,10 @@ def cut_to_depth(round_: CompiledRound, depth: int) -> CompiledRound:
                      round_.score[keep].tolist(), list(origin), list(q_dist), round_.sources)
 
 
-def _assemble(prefix_len, tokens, parents, depths, source_ids, qs, scores, origin, q_dist, sources) -> CompiledRound:
+def _assemble(prefix_len: int, tokens: Sequence[int], parents: Sequence[int], depths: Sequence[int],
+              source_ids: Sequence[int], qs: Sequence[float], scores: Sequence[float],
+              origin: Sequence[tuple[int, ...]], q_dist: Sequence[dict[int, np.ndarray]],
+              sources: Sequence[str]) -> CompiledRound:
     n = len(tokens)
     parent = np.asarray(parents, dtype=np.int64).reshape(n)
     depth = np.asarray(depths, dtype=np.int64).reshape(n)

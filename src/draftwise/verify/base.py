@@ -11,13 +11,8 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from draftwise.contracts import (
-    ContractError,
-    ProbabilitySemantics,
-    ProposerContract,
-    SamplingRelation,
-    TopologyKind,
-)
+from draftwise.contracts import ProbabilitySemantics, ProposerContract, SamplingRelation, TopologyKind
+from draftwise.errors import ContractError
 from draftwise.logits import NumpyLogits, TargetLogits, cached  # noqa: F401  (re-exported: the verifiers' inputs)
 from draftwise.sampling import SamplingPolicy
 from draftwise.topology.compile import CompiledRound

@@ -6,15 +6,8 @@ import numpy as np
 
 from draftwise.sampling import SamplingPolicy
 from draftwise.topology.compile import CompiledRound
-from draftwise.verify.base import (
-    ALL_RELATIONS,
-    ALL_SEMANTICS,
-    ALL_TOPOLOGIES,
-    Selection,
-    TargetLogits,
-    VerifierCapabilities,
-    child_with_token,
-)
+from draftwise.logits import TargetLogits
+from draftwise.verify.base import ALL_RELATIONS, ALL_SEMANTICS, ALL_TOPOLOGIES, Selection, VerifierCapabilities, child_with_token
 
 
 class GreedyVerifier:

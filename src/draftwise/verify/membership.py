@@ -9,14 +9,8 @@ import numpy as np
 from draftwise.contracts import TopologyKind
 from draftwise.sampling import SamplingPolicy, sample
 from draftwise.topology.compile import CompiledRound
-from draftwise.verify.base import (
-    ALL_RELATIONS,
-    ALL_SEMANTICS,
-    Selection,
-    TargetLogits,
-    VerifierCapabilities,
-    child_with_token,
-)
+from draftwise.logits import TargetLogits
+from draftwise.verify.base import ALL_RELATIONS, ALL_SEMANTICS, Selection, VerifierCapabilities, child_with_token
 
 
 class MembershipVerifier:

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from draftwise.contracts import ContractError, ProbabilitySemantics, SamplingRelation, TopologyKind
+from draftwise.contracts import ProbabilitySemantics, SamplingRelation, TopologyKind
+from draftwise.errors import ContractError
 from draftwise.sampling import SamplingPolicy, sample
 from draftwise.topology.compile import CompiledRound
-from draftwise.verify.base import Selection, TargetLogits, VerifierCapabilities
+from draftwise.logits import TargetLogits
+from draftwise.verify.base import Selection, VerifierCapabilities
 
 
 def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:

@@ -18,7 +18,8 @@ from typing import Sequence
 
 import numpy as np
 
-from draftwise.contracts import ContractError, ProbabilitySemantics, SamplingRelation, TopologyKind
+from draftwise.contracts import ProbabilitySemantics, SamplingRelation, TopologyKind
+from draftwise.errors import ContractError
 from draftwise.verify.base import VerifierCapabilities
 from draftwise.verify.rejection import accept_probability, residual
 from draftwise.verify.specinfer import NodeDecision, ResidualTreeVerifier
@@ -32,12 +33,12 @@ def without_replacement_q(q: np.ndarray, sampled: Sequence[int]) -> np.ndarray:
     rest[taken] = 0.0
     total = rest.sum()
     if total > 0.0:
-        return rest / total
+        return np.asarray(rest / total)
     uniform = np.ones_like(rest)  # [V]: q exhausted, Sequoia's fallback
     uniform[taken] = 0.0
     if uniform.sum() == 0.0:
         raise ContractError(f"{len(taken)} siblings already cover the whole vocabulary; no token is left to draw")
-    return uniform / uniform.sum()
+    return np.asarray(uniform / uniform.sum())
 
 
 def sequoia_node(p: np.ndarray, q: np.ndarray, tokens: Sequence[int]) -> NodeDecision:

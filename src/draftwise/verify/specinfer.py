@@ -26,10 +26,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from draftwise.contracts import ContractError, ProbabilitySemantics, SamplingRelation, TopologyKind
+from draftwise.contracts import ProbabilitySemantics, SamplingRelation, TopologyKind
+from draftwise.errors import ContractError
 from draftwise.sampling import SamplingPolicy, sample
 from draftwise.topology.compile import CompiledRound
-from draftwise.verify.base import Selection, TargetLogits, VerifierCapabilities
+from draftwise.logits import TargetLogits
+from draftwise.verify.base import Selection, VerifierCapabilities
 from draftwise.verify.rejection import accept_probability, residual
 
 # pick(weights [n], non-negative, not necessarily normalized) -> chosen index.  In `select` it

@@ -21,10 +21,12 @@ from typing import Sequence
 
 import numpy as np
 
-from draftwise.contracts import ContractError, ProbabilitySemantics, SamplingRelation, TopologyKind
+from draftwise.contracts import ProbabilitySemantics, SamplingRelation, TopologyKind
+from draftwise.errors import ContractError
 from draftwise.sampling import SamplingPolicy
 from draftwise.topology.compile import CompiledRound
-from draftwise.verify.base import Selection, TargetLogits, VerifierCapabilities
+from draftwise.logits import TargetLogits
+from draftwise.verify.base import Selection, VerifierCapabilities
 from draftwise.verify.specinfer import NodeDecision, Pick, ResidualTreeVerifier
 
 _BISECTION_STEPS = 80  # halves [1, k] to below float64 resolution

@@ -9,14 +9,14 @@ p.  `bind` therefore refuses it in exact mode.  The longest accepted root-to-nod
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 
 from draftwise.contracts import TopologyKind
 from draftwise.sampling import SamplingPolicy, sample
 from draftwise.topology.compile import CompiledRound
-from draftwise.verify.base import ALL_RELATIONS, ALL_SEMANTICS, Selection, TargetLogits, VerifierCapabilities
+from draftwise.logits import TargetLogits
+from draftwise.verify.base import ALL_RELATIONS, ALL_SEMANTICS, Selection, VerifierCapabilities
 
 
 def entropy(p: np.ndarray) -> float:
@@ -38,7 +38,7 @@ class TypicalVerifier:
     epsilon: float = 0.09  # hard threshold (Medusa's default)
     delta: float = 0.3  # entropy-adaptive threshold scale
 
-    capabilities: ClassVar[VerifierCapabilities] = VerifierCapabilities(
+    capabilities = VerifierCapabilities(
         name="typical", semantics=ALL_SEMANTICS, relations=ALL_RELATIONS,
         topologies=frozenset({TopologyKind.TREE}), exact=False,
     )
