@@ -137,7 +137,8 @@ def time_one_row_steps(backends: dict[str, object], timing: DtypeTiming = DtypeT
     bases: dict[str, tuple[int, list[int]]] = {}
     for name, backend in backends.items():
         ids = backend.tokenize(text, add_special=False)
-        prefix = (ids * (timing.prefix_len // max(len(ids), 1) + 1))[: timing.prefix_len]
+        length = min(timing.prefix_len, backend.info.context_length - timing.steps - 1)  # room for the steps
+        prefix = (ids * (length // max(len(ids), 1) + 1))[:length]
         backend.reset()
         backend.extend(prefix)
         bases[name] = (backend.cached_len, prefix[: timing.steps + 1])
