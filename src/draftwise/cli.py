@@ -32,7 +32,9 @@ app.add_typer(models_app, name="models")
 err = Console(stderr=True)
 DEFAULTS = DecoderSpec()
 DTYPE_HELP = ("The transformers backend's dtype: float32 | bfloat16 | auto (the faster here, measured once and cached; "
-              "float32 without native bf16). bfloat16 is another target numerically: its output may differ from float32's.")
+              "float32 without native bf16). bfloat16 is another target numerically: its output may differ from float32's, "
+              "and (its many-row forwards rounding unlike one-row steps) greedy speculative output may part from plain "
+              "bfloat16 decoding.")
 
 
 def _quiet_llama_cpp() -> None:

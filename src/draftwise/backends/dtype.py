@@ -3,9 +3,14 @@
 A GGUF target reaches transformers dequantized, and float32 is the faithful reading of those
 weights; bfloat16 halves the bytes every decoding step streams through memory, which is what
 a one-row step on a CPU is bound by, but it is a different model numerically: its greedy
-output can part from float32's.  Speculative decoding stays exact either way (it reproduces
-whichever target it verifies with), so the dtype is a choice of TARGET, and float32 stays the
-default: nobody gets another model's output without asking for it.
+output can part from float32's.  Worse for a speculative decoder: in bfloat16 a forward over
+many rows does not round like a one-row step (other kernel blocking, every activation cut to
+8 mantissa bits), so the logits of a position depend on how many rows were verified with it,
+and greedy speculative output can part from plain bfloat16 decoding wherever two logits lie
+within that rounding (measured: benchmarks/transformers_dtype).  The verifiers stay exact
+with respect to the logits they are given; the target itself is not batch-invariant.  So
+float32 stays the default: nobody gets another model's output, or loses token identity with
+plain decoding, without asking for it.
 
 `auto` asks for the faster of the two on this machine, decided by measurement, never by a
 rule of thumb: without native bf16 arithmetic (avx512_bf16 or amx_bf16) the CPU computes
