@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from draftwise.backends.base import Backend
+from draftwise.backends.dtype import DEFAULT_DTYPE, DtypeChoice
 from draftwise.build import build_decoder, load_backend
 from draftwise.engine import GenerationResult, SpeculativeDecoder
 from draftwise.resolve import Choice, check, resolve
@@ -79,9 +80,9 @@ class Decoder:
 
 
 def default_loader(threads: int | None = None, device: str = "cpu",
-                   progress: Callable[[str], None] | None = None) -> Loader:
+                   progress: Callable[[str], None] | None = None, dtype: DtypeChoice = DEFAULT_DTYPE) -> Loader:
     def load(model: str, backend: str, role: str) -> Backend:
-        return load_backend(model, backend, threads, device=device, progress=progress)
+        return load_backend(model, backend, threads, device=device, progress=progress, dtype=dtype)
     return load
 
 
@@ -93,7 +94,7 @@ def open_decoder(spec: DecoderSpec | None = None, *, loader: Loader | None = Non
     applied on top of `spec` (default: `DecoderSpec()`)."""
     spec = spec_from_options(_as_strings(options), spec or DecoderSpec())
     check(spec)
-    load = loader or default_loader(spec.threads, spec.device, progress)
+    load = loader or default_loader(spec.threads, spec.device, progress, spec.dtype)
     target = load(spec.target, spec.backend, "target")
     draft = load(spec.draft, spec.backend, "draft") if spec.draft and spec.uses_draft_model else None
     resolved, choices = resolve(spec, target, draft, progress, calibration=calibration)

@@ -31,6 +31,10 @@ models_app = typer.Typer(help="Embedded model aliases: list, pull, verify.", no_
 app.add_typer(models_app, name="models")
 err = Console(stderr=True)
 DEFAULTS = DecoderSpec()
+DTYPE_HELP = ("The transformers backend's dtype: float32 | bfloat16 | auto (the faster here, measured once and cached; "
+              "float32 without native bf16). bfloat16 is another target numerically: its output may differ from float32's, "
+              "and (its many-row forwards rounding unlike one-row steps) greedy speculative output may part from plain "
+              "bfloat16 decoding.")
 
 
 def _quiet_llama_cpp() -> None:
@@ -73,6 +77,7 @@ def generate(
     index: Optional[str] = typer.Option(None, help="REST datastore for --proposer rest (= --set index=DIR)."),
     gate: Optional[str] = typer.Option(None, help="Cost gate: verify only as deep as the measured t(n) and recent acceptance pay for; auto (measured once, cached) or a verify_profile directory."),
     threads: Optional[int] = typer.Option(None, help="CPU threads (default: all cores)."),
+    dtype: str = typer.Option(DEFAULTS.dtype, help=DTYPE_HELP),
     stop: list[str] = typer.Option([], help="Stop string (repeatable)."),
     calibration_workload: str = typer.Option(CALIBRATION_WORKLOAD, help="Prompts that calibrate --tree auto and --proposer auto on first use."),
     compare_ar: bool = typer.Option(False, "--compare-ar", help="Also run plain decoding and compare."),
@@ -84,7 +89,7 @@ def generate(
              "calibration": calibration_workload if proposer == "auto" else None}
     try:
         policy = SamplingPolicy(temperature=temperature, top_k=top_k, top_p=top_p)
-        base = DecoderSpec(target=target, backend=backend, draft=draft, verifier=verifier, threads=threads,
+        base = DecoderSpec(target=target, backend=backend, draft=draft, verifier=verifier, threads=threads, dtype=dtype,
                            generation=GenerationConfig(max_new_tokens=max_new_tokens, policy=policy, seed=seed,
                                                        stop_strings=tuple(stop), exact=not allow_heuristic))
         options = {k: str(v) for k, v in named.items() if v is not None}
@@ -245,6 +250,7 @@ def profile(
     target: str = typer.Option(DEFAULTS.target, help="Model whose verify cost to measure."),
     backend: str = typer.Option(DEFAULTS.backend, help="auto | transformers | llamacpp."),
     threads: Optional[int] = typer.Option(None, help="CPU threads (default: all cores)."),
+    dtype: str = typer.Option(DEFAULTS.dtype, help=DTYPE_HELP),
     prefix_len: int = typer.Option(512, help="Committed prefix length the rounds sit on."),
     max_rows: int = typer.Option(64, help="Measure n = 1, 2, 4, ... up to this many rows."),
     rows_list: Optional[str] = typer.Option(None, "--rows", help="Explicit row counts, e.g. 1,2,3,4,6,8 (overrides --max-rows)."),
@@ -278,13 +284,15 @@ def profile(
             _fail(f"{name} must be >= 1, got {value}")
             return
     try:
-        target_backend = load_backend(target, backend, threads, progress=lambda m: err.print(f"[dim]{m}[/]"))
+        target_backend = load_backend(target, backend, threads, progress=lambda m: err.print(f"[dim]{m}[/]"),
+                                      dtype=dtype)
         result = write_profile(target_backend, Path(out), prefix_len=prefix_len, rows=rows, repeats=repeats,
                                progress=lambda m: err.print(m), chain=chain, extend=extend)
     except (DraftwiseError, OSError) as exc:
         _fail(str(exc))
         return
-    table = Table("rows", "median s", "t(n)/t(1)")
+    info = target_backend.info
+    table = Table("rows", "median s", "t(n)/t(1)", title=f"{info.checkpoint} ({info.name}, {info.dtype})")
     for n, absolute, relative in zip(result.rows, result.absolute_s, result.relative):
         table.add_row(str(n), f"{absolute:.5f}", f"{relative:.3f}")
     Console().print(table)

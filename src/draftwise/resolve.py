@@ -2,7 +2,8 @@
 
 Three things may be left to measurement: the proposer (`AutoDrafter`: replay every candidate
 on plain traces), a draft tree (`AutoTree`: calibrate, profile and optimize, cached), and the
-cost gate (`AutoGate`: the target's verify profile, cached).  A tree artifact is read here
+cost gate (`AutoGate`: the target's verify profile, cached).  A fourth, the transformers
+dtype, is measured by the loader (it decides which weights to load) and only recorded here.  A tree artifact is read here
 too, so that `build` only ever sees templates.  `check` refuses before any model is loaded
 what `resolve` could not settle afterwards.  This module plans, so it sits above
 `optimize`; the CLI, the bench and the public API call it through `api.open_decoder`.
@@ -29,7 +30,7 @@ Say = Callable[[str], None]
 class Choice:
     """One `auto` settled: what was asked, what was chosen, and the evidence (table or artifact)."""
 
-    what: str  # "proposer", "tree" or "gate"
+    what: str  # "proposer", "tree", "gate" or "dtype"
     chosen: str
     detail: str = ""
 
@@ -87,6 +88,8 @@ def resolve(spec: DecoderSpec, target: Backend, draft: Backend | None = None, sa
     say = say or (lambda message: None)
     root = cache_root or auto_cache_root()
     choices: list[Choice] = []
+    if spec.dtype == "auto":  # settled when the backends were loaded: recorded here
+        spec = _record_dtype(spec, target, draft, choices)
     if isinstance(spec.drafter, AutoDrafter):
         spec = _resolve_proposer(spec, target, draft, say, root, choices)
     spec = with_auto_tree_relation(spec)
@@ -99,6 +102,24 @@ def resolve(spec: DecoderSpec, target: Backend, draft: Backend | None = None, sa
         spec = replace(spec, gate=GateProfile(_measure_gate(spec, target, say, root)))
         choices.append(Choice("gate", str(spec.gate), "verify profile measured on first use, cached"))
     return spec, tuple(choices)
+
+
+def _record_dtype(spec: DecoderSpec, target: Backend, draft: Backend | None, choices: list[Choice]) -> DecoderSpec:
+    """`dtype auto` became the dtype the target was loaded in (the loader measured it, see
+    `draftwise.backends.dtype`); the choice is recorded with the measurement it came from."""
+    from draftwise.backends.dtype import CONCRETE_DTYPES, recorded_decision
+
+    if target.info.dtype not in CONCRETE_DTYPES:
+        raise InputError(f"dtype auto chooses the transformers backend's dtype; the {target.info.name} target "
+                         f"computes in {target.info.dtype}")
+    details = []
+    for role, backend in (("target", target), ("draft", draft)):
+        if backend is not None:
+            decision = recorded_decision(backend.info.checkpoint, backend.n_threads, backend.info.device)
+            details.append(f"{role} {backend.info.checkpoint}: {backend.info.dtype}"
+                           + (f" ({decision.describe()})" if decision is not None else ""))
+    choices.append(Choice("dtype", target.info.dtype, "; ".join(details)))
+    return replace(spec, dtype=target.info.dtype)
 
 
 def _resolve_proposer(spec: DecoderSpec, target: Backend, draft: Backend | None, say: Say, root: Path,

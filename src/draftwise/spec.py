@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from draftwise.backends.dtype import DEFAULT_DTYPE, DtypeChoice, check_dtype
 from draftwise.contracts import ProposerContract
 from draftwise.engine import GenerationConfig
 from draftwise.errors import InputError
@@ -98,11 +99,13 @@ class DecoderSpec:
     gate: GatePolicy | None = None
     threads: int | None = None
     device: str = "cpu"
+    dtype: DtypeChoice = DEFAULT_DTYPE  # the transformers backend's: float32, bfloat16 or auto (measured)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise InputError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        check_dtype(self.dtype)
 
     @property
     def proposer(self) -> str:
@@ -134,6 +137,8 @@ class DecoderSpec:
             parts.append(self.drafter.describe())
         if self.gate is not None:
             parts.append(f"gate={self.gate}")
+        if self.dtype != DEFAULT_DTYPE:  # said only when set: a llama.cpp method's description is unchanged
+            parts.append(f"dtype={self.dtype}")
         if not self.generation.exact:
             parts.append("exact=false (HEURISTIC verifier allowed: outputs are not the target's distribution)")
         return ", ".join(p for p in parts if p)
@@ -144,7 +149,7 @@ def drafter_keys(registry: DrafterRegistry = DRAFTERS) -> set[str]:
 
 
 DECODER_KEYS = frozenset({"proposer", "backend", "verifier", "target", "draft", "gate", "max_nodes", "max_depth",
-                          "exact", "calibration"})
+                          "exact", "calibration", "dtype"})
 
 
 def parse_drafter(name: str, values: Mapping[str, str], registry: DrafterRegistry = DRAFTERS,
@@ -241,5 +246,6 @@ def spec_from_options(values: Mapping[str, str], base: DecoderSpec = DecoderSpec
         draft=values.get("draft", base.draft),
         verifier=values.get("verifier", base.verifier),
         gate=parse_gate(values["gate"]) if "gate" in values else base.gate,
+        dtype=check_dtype(values["dtype"]) if "dtype" in values else base.dtype,
         generation=replace(gen, limits=limits, exact=_bool(values, "exact", gen.exact)),
     )

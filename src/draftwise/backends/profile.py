@@ -142,6 +142,7 @@ def profile_verify_cost(
         "relative": [m / medians[0] for m in medians],
         "model": backend.info.checkpoint,
         "backend": backend.info.name,
+        "dtype": backend.info.dtype,
         "threads": int(getattr(backend, "n_threads", 0) or len(os.sched_getaffinity(0))),
         "machine": machine_description(),
     }
@@ -163,7 +164,8 @@ def write_profile(
     profile = VerifyCostProfile.from_absolute(
         measured["rows"], measured["absolute_s"], model=measured["model"], backend=measured["backend"],
         threads=measured["threads"], machine=measured["machine"],
-        provenance={"prefix_len": prefix_len, "repeats": repeats, "shape": shape, "sampling": SAMPLING},
+        provenance={"prefix_len": prefix_len, "repeats": repeats, "shape": shape, "sampling": SAMPLING,
+                    "dtype": measured["dtype"]},
     )
     profile.save(Path(out_dir))
     return profile

@@ -21,6 +21,7 @@ import torch
 
 from draftwise.artifacts import read_manifest, stamp_path, verify_files, write_manifest, write_stamp
 from draftwise.backends.base import BackendError, BackendInfo, ContextOverflow, check_grows, check_path, tokenizer_fingerprint
+from draftwise.backends.dtype import CONCRETE_DTYPES, DEFAULT_DTYPE, TorchDtype, check_dtype
 from draftwise.backends.torch_probs import policy_probs
 from draftwise.models import ResolvedModel, cache_dir
 from draftwise.sampling import SamplingPolicy
@@ -88,9 +89,13 @@ class TransformersBackend:
 
     # ---- loading -------------------------------------------------------------------------
     @classmethod
-    def load(cls, model: ResolvedModel, device: str = "cpu", dtype: str = "float32", progress=None) -> "TransformersBackend":
+    def load(cls, model: ResolvedModel, device: str = "cpu", dtype: TorchDtype = DEFAULT_DTYPE,
+             progress=None) -> "TransformersBackend":
+        """The model in `dtype` (float32 or bfloat16; `auto` is settled by `draftwise.build.load_backend`).
+        A GGUF's float32 conversion is cast on load: the same bf16 weights a bf16 conversion would hold."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        check_dtype(dtype, CONCRETE_DTYPES)
         source = _converted_dir(model, progress) if model.kind == "gguf" else model.path
         try:
             tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
@@ -108,10 +113,10 @@ class TransformersBackend:
             tokenizer_hash=tokenizer_hash_of(tokenizer),
             vocab_size=int(net.config.vocab_size),
             context_length=int(getattr(net.config, "max_position_embeddings", 2048)),
-            dtype=dtype,
+            dtype=str(net.dtype).removeprefix("torch."),  # what the weights are, as loaded: the round manifest records it
             device=device,
             eos_token_ids=frozenset(int(e) for e in eos if e is not None),
-            kv_row_bytes=kv_row_bytes(net.config, getattr(torch, dtype)),
+            kv_row_bytes=kv_row_bytes(net.config, net.dtype),
         )
         return cls(net, tokenizer, info)
 

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from draftwise.backends.dtype import DEFAULT_DTYPE
 from draftwise.bench.methods import PEERS
 from draftwise.errors import DraftwiseError
 from draftwise.build import default_threads
@@ -26,7 +27,8 @@ err = Console(stderr=True)
 
 METHOD_HELP = (
     "NAME=CONFIG (repeatable). CONFIG: dw[:key=value,...] (keys: proposer, backend, verifier, target, draft, k, "
-    "confidence, tree, relation, lookup, ngram, candidates, index, max_nodes, max_depth, exact), a peer "
+    "confidence, tree, relation, lookup, ngram, candidates, index, max_nodes, max_depth, exact; dtype is the run's "
+    "--dtype), a peer "
     f"({', '.join(PEERS)}) with optional :target=,draft=,tokens=, or a .json/.toml file of the same keys."
 )
 
@@ -50,6 +52,9 @@ def run(
     repeats: int = typer.Option(1, help="Runs per question and method; the median is kept."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for every backend (default: all cores)."),
     warmup_tokens: int = typer.Option(8, help="New tokens of each method's warm-up generation."),
+    dtype: str = typer.Option(DEFAULT_DTYPE, help="dtype of every transformers model (draftwise's methods and the HF "
+                              "peers share the object): float32 | bfloat16 | auto (measured once, cached). "
+                              "llama.cpp methods run the GGUF's own types."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out from its saved answers."),
     retry_failures: bool = typer.Option(False, "--retry-failures",
                                         help="With --resume: run again the questions a method failed on."),
@@ -73,7 +78,7 @@ def run(
     try:
         settings = BenchSettings(workloads=tuple(workload), methods=tuple(method), target=target, draft=draft,
                                  max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, repeats=repeats,
-                                 threads=threads or default_threads(), warmup_tokens=warmup_tokens)
+                                 threads=threads or default_threads(), warmup_tokens=warmup_tokens, dtype=dtype)
         summary = run_bench(settings, out, resume=resume, console=err, show_progress=not quiet,
                             retry_failures=retry_failures)
     except DraftwiseError as exc:

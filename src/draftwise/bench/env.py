@@ -6,6 +6,7 @@ import importlib.metadata as metadata
 import os
 import platform
 
+from draftwise.backends.dtype import cpu_bf16_flags
 from draftwise.models import ModelError, resolve
 
 LIBRARIES = ("draftwise", "torch", "transformers", "llama_cpp_python", "numpy", "tokenizers")
@@ -46,6 +47,7 @@ def machine() -> dict:
         "cpu": cpu_model,
         "cpu_count": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)),
+        "native_bf16": list(cpu_bf16_flags()),  # what `--dtype auto` reads before it times anything
         "python": platform.python_version(),
     }
 

@@ -42,7 +42,7 @@ def run_bench(settings: BenchSettings, out: Path, resume: bool = False, console:
     if retry_failures and (aside := store.set_failures_aside()) is not None:
         say(f"retrying failed questions; their failure lines are kept in {aside}")
     session = Session()
-    pool = pool or ModelPool(settings.threads, settings.seed, progress=say)
+    pool = pool or ModelPool(settings.threads, settings.seed, progress=say, dtype=settings.dtype)
     executors = prepare_all(plan, pool, session)
     if executors:
         say(f"warm-up: {len(executors)} method(s), {settings.warmup_tokens} tokens each")

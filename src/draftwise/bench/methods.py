@@ -7,7 +7,7 @@ CONFIG is one of
 `NAME=` may be left out; the name is then CONFIG itself.
 
 Keys of dw: the decoder keys of `draftwise.spec` (proposer, backend, verifier, target, draft,
-gate, max_nodes, max_depth, exact, calibration) and the chosen proposer's own config keys
+gate, max_nodes, max_depth, exact, calibration; not dtype, which is the run's `--dtype`) and the chosen proposer's own config keys
 (`draftwise proposers` lists them: k, confidence, tree, relation for draft-model; lookup,
 ngram, candidates for prompt-lookup; index for rest; ...).  An unknown key is refused with
 the valid ones; a key of another proposer is refused with the proposer it configures.
@@ -24,6 +24,7 @@ import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from draftwise.backends.dtype import DEFAULT_DTYPE, DtypeChoice
 from draftwise.bench.pool import llama_logits_all
 from draftwise.build import choose_backend
 from draftwise.engine import GenerationConfig
@@ -61,6 +62,7 @@ class MethodSpec:
     draft: str | None = None
     decoder: DecoderSpec | None = None  # dw only
     lookup_tokens: int = PEER_LOOKUP_TOKENS  # prompt-lookup peers only
+    dtype: DtypeChoice = DEFAULT_DTYPE  # transformers methods: the run's (`with_run_dtype`)
 
     @property
     def is_plain(self) -> bool:
@@ -85,6 +87,8 @@ class MethodSpec:
             extra += f", tokens={self.lookup_tokens}" if self.kind.endswith("prompt-lookup") else ""
             if llama_logits_all(self.peer_lookup_tokens):
                 extra += ", logits_all=True"  # how the pool opens it: every report carries it
+            if self.dtype != DEFAULT_DTYPE:
+                extra += f", dtype={self.dtype}"
             return f"{self.kind} (target={self.target}{extra})"
         return "dw: " + self.decoder.describe()
 
@@ -165,6 +169,9 @@ def _int(values: dict[str, str], key: str, default: int) -> int:
 
 
 def _dw_method(name: str, values: dict[str, str], defaults: MethodDefaults) -> MethodSpec:
+    if "dtype" in values:  # the HF peers run the very model objects: one dtype for the whole run
+        raise MethodError(f"method {name!r}: dtype is the run's (bench --dtype), so draftwise's transformers methods "
+                          "and the HF peers share one model object")
     base = DecoderSpec(target=defaults.target, draft=defaults.draft, generation=defaults.generation)
     try:
         spec = spec_from_options(values, base)
@@ -195,6 +202,15 @@ def resolve_backend(method: MethodSpec) -> MethodSpec:
         return method
     backend = choose_backend("auto", resolve(method.target, pull=False))
     return replace(method, backend=backend, decoder=replace(method.decoder, backend=backend))
+
+
+def with_run_dtype(method: MethodSpec, dtype: DtypeChoice) -> MethodSpec:
+    """A transformers method in the run's dtype (the pool loads its models in it); llama.cpp
+    methods keep the GGUF's own types.  Call after `resolve_backend`."""
+    if method.backend != "transformers" or dtype == method.dtype:
+        return method
+    decoder = None if method.decoder is None else replace(method.decoder, dtype=dtype)
+    return replace(method, dtype=dtype, decoder=decoder)
 
 
 def references(methods: list[MethodSpec]) -> dict[str, str | None]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Callable
 
 from draftwise.backends.base import Backend
+from draftwise.backends.dtype import DEFAULT_DTYPE, DtypeChoice
 from draftwise.errors import ModelError
 from draftwise.build import load_backend
 
@@ -23,9 +24,11 @@ class ModelUnavailable(ModelError, RuntimeError):
 
 
 class ModelPool:
-    def __init__(self, threads: int, seed: int, progress: Callable[[str], None] | None = None) -> None:
+    def __init__(self, threads: int, seed: int, progress: Callable[[str], None] | None = None,
+                 dtype: DtypeChoice = DEFAULT_DTYPE) -> None:
         self.threads = threads
         self.seed = seed
+        self.dtype = dtype  # of every transformers model: draftwise methods and the peers run one object
         self._say = progress or (lambda message: None)
         self._loaded: dict[tuple, object] = {}
         self._failed: dict[tuple, str] = {}
@@ -39,8 +42,9 @@ class ModelPool:
         separate objects even for the same model: a backend holds one KV cache, and a draft
         sharing its target's cache would overwrite the rows the target is verifying against.
         Each backend sizes its per-round resources itself when a decoder starts."""
+        dtype = self.dtype if kind == "transformers" else DEFAULT_DTYPE  # llama.cpp runs the GGUF's own types
         return self._get(("backend", model, kind, role),
-                         lambda: load_backend(model, kind, self.threads, progress=self._say))
+                         lambda: load_backend(model, kind, self.threads, progress=self._say, dtype=dtype))
 
     def llama(self, model: str, lookup_tokens: int | None) -> object:
         """llama-cpp-python's high-level `Llama`; with `lookup_tokens` it carries LlamaPromptLookupDecoding.

@@ -71,6 +71,14 @@ def _winner(summary: dict) -> str:
     return " ".join(lines) or "No method finished a question."
 
 
+def _dtypes(summary: dict) -> str:
+    """The run's --dtype (runs before it was an option: float32), and for auto what the loads chose."""
+    asked = summary["settings"].get("dtype", "float32")
+    loaded = sorted({c["dtype"] for c in summary.get("checkpoints", {}).values()
+                     if c.get("dtype") in ("float32", "bfloat16")})
+    return f"{asked} (loaded as {', '.join(loaded) or 'nothing'})" if asked == "auto" else asked
+
+
 def _overview(summary: dict) -> list[str]:
     s = summary["settings"]
     env = summary.get("environment", {})
@@ -82,7 +90,7 @@ def _overview(summary: dict) -> list[str]:
         f"{', '.join(w['categories'])}.",
         f"Target `{s['target']}`" + (f", draft `{s['draft']}`" if s.get("draft") else "") +
         f"; temperature {s['temperature']}, {s['max_new_tokens']} new tokens at most, seed {s['seed']}, "
-        f"{s['repeats']} repeat(s) (median kept), {s['threads']} threads.",
+        f"{s['repeats']} repeat(s) (median kept), {s['threads']} threads, transformers dtype {_dtypes(summary)}.",
         f"Machine: {machine.get('cpu') or machine.get('machine', '?')}, {machine.get('cpus_usable', '?')} usable cores; "
         f"libraries {', '.join(f'{k} {v}' for k, v in env.get('libraries', {}).items() if v)}.",
         *([f"Peak memory (the process's maximum RSS, every model loaded): {summary['peak_rss_mb']:.0f} MB."]

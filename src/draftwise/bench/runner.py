@@ -21,8 +21,17 @@ from typing import Callable
 
 import numpy as np
 
+from draftwise.backends.dtype import DEFAULT_DTYPE, DtypeChoice, check_dtype
 from draftwise.bench.executors import Executor, prepare
-from draftwise.bench.methods import MethodDefaults, MethodSpec, check_names, parse_method, references, resolve_backend
+from draftwise.bench.methods import (
+    MethodDefaults,
+    MethodSpec,
+    check_names,
+    parse_method,
+    references,
+    resolve_backend,
+    with_run_dtype,
+)
 from draftwise.bench.outputs import TurnOutput
 from draftwise.bench.pool import LOAD_ERRORS, ModelPool, ModelUnavailable
 from draftwise.bench.store import Answer, ResultStore, error_answer
@@ -45,8 +54,10 @@ class BenchSettings:
     repeats: int = 1
     threads: int = 1
     warmup_tokens: int = 8
+    dtype: DtypeChoice = DEFAULT_DTYPE  # every transformers model's, peers' included (they share the object)
 
     def __post_init__(self) -> None:
+        check_dtype(self.dtype)
         if self.repeats < 1:
             raise ValueError(f"--repeats must be >= 1, got {self.repeats}")
         if not self.methods:
@@ -74,7 +85,7 @@ def make_plan(settings: BenchSettings) -> BenchPlan:
     """Everything that can be checked before a model is loaded."""
     workload = parse_workloads(list(settings.workloads))
     defaults = MethodDefaults(settings.target, settings.draft, settings.generation())
-    methods = [resolve_backend(parse_method(text, defaults)) for text in settings.methods]
+    methods = [with_run_dtype(resolve_backend(parse_method(text, defaults)), settings.dtype) for text in settings.methods]
     check_names(methods)
     return BenchPlan(settings, workload, tuple(methods), references(methods))
 
@@ -106,6 +117,7 @@ def prepare_all(plan: BenchPlan, pool: ModelPool, session: Session) -> dict[str,
         if target is not None:
             session.checkpoints[method.name] = {"checkpoint": target.info.checkpoint,
                                                 "tokenizer_hash": target.info.tokenizer_hash,
+                                                "dtype": target.info.dtype,  # as loaded (what auto chose)
                                                 "kv_row_bytes": target.info.kv_row_bytes or None}
     return executors
 

@@ -60,6 +60,8 @@ def configuration_key(target: Backend, draft: Backend, policy: SamplingPolicy, c
         "draft_tokenizer_hash": draft.info.tokenizer_hash,
         "calibration_prompts": calibration_hash(calibration_prompts),
         "backend": target.info.name,
+        "dtype": target.info.dtype,  # the verify costs and the acceptance both change with it
+        "draft_dtype": draft.info.dtype,
         "threads": getattr(target, "n_threads", None),
         "policy": policy.as_dict(),
         "compiler": COMPILER_VERSION,
@@ -118,9 +120,9 @@ def auto_gate_profile(target: Backend, max_rows: int, cache_root: Path, config: 
 
 def auto_gate_directory(target: Backend, max_rows: int, cache_root: Path, config: AutoTreeConfig = AutoTreeConfig(),
                         chain: bool = False) -> Path:
-    """Where `auto_gate_profile` keeps the profile: per target, backend, thread count and shape."""
+    """Where `auto_gate_profile` keeps the profile: per target, backend, dtype, thread count and shape."""
     key = {"target": target.info.checkpoint, "tokenizer_hash": target.info.tokenizer_hash, "backend": target.info.name,
-           "threads": getattr(target, "n_threads", None), "prefix_len": config.profile_prefix_len,
+           "dtype": target.info.dtype, "threads": getattr(target, "n_threads", None), "prefix_len": config.profile_prefix_len,
            "shape": "chain" if chain else "tree"}
     return Path(cache_root) / "gate" / stable_hash(key)[:20] / f"rows-{max_rows}"
 

@@ -135,6 +135,7 @@ def trace_key(target: Backend, prompts: Sequence[Sequence[int]], generation: Gen
         "target": target.info.checkpoint,
         "tokenizer_hash": target.info.tokenizer_hash,
         "backend": target.info.name,
+        "dtype": target.info.dtype,  # a bfloat16 target's plain traces are another model's
         "threads": getattr(target, "n_threads", None),
         "policy": generation.policy.as_dict(),
         "seed": generation.seed,
