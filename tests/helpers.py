@@ -54,7 +54,7 @@ def path_to(round_, row: int) -> list[int]:
     return rows
 
 
-def make_spec(generation: Any = None, **options: Any) -> "DecoderSpec":
+def make_spec(generation: Any = None, **options: Any) -> Any:
     """A DecoderSpec from the same KEY=VALUE options the CLI and the bench take."""
     from draftwise.spec import DecoderSpec, spec_from_options
 

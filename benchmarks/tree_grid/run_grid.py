@@ -214,13 +214,13 @@ def write_report(result: dict, out: Path) -> None:
         f"`{result['eval']}`; {result['date']}.  Reproduce: `{command}`.", "",
         f"- positional acceptance p (width 4, depth 1, {result['acceptance_reached']} reached parents): "
         f"{[round(x, 3) for x in result['acceptance_p'][0]]}",
-        f"- drafting, priced by the draft's own profiles, in plain target steps: a level's verify of r rows "
+        "- drafting, priced by the draft's own profiles, in plain target steps: a level's verify of r rows "
         + (", ".join(f"{r}: {v:.2f}" for r, v in result["draft_profile"].items()) if "draft_profile" in result else "–")
         + "; the catch-up's extend of r tokens "
         + (", ".join(f"{r}: {v:.2f}" for r, v in result["draft_catch_up_profile"].items())
            if "draft_catch_up_profile" in result else "–"),
         f"- the flat alternative, c per depth from the calibration rounds: c = {result['draft_cost_c']:.3f} plain target steps",
-        f"- verify profile t(n)/t(1): " + ", ".join(f"{n}: {v:.2f}" for n, v in result["verify_profile"].items()),
+        "- verify profile t(n)/t(1): " + ", ".join(f"{n}: {v:.2f}" for n, v in result["verify_profile"].items()),
         f"- plain decoding: {result['plain_seconds_per_token'] * 1e3:.1f} ms per token (steady state)", "",
         "| n | d | tree rows | tree depth | verifier | predicted speedup | measured speedup | |error| / measured | accepted (measured / predicted) | identical to plain |",
         "|---|---|---|---|---|---|---|---|---|---|",

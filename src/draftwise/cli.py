@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from dataclasses import replace
 from typing import Optional
 
 import typer

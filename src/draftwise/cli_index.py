@@ -14,7 +14,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from draftwise.artifacts import ArtifactError
 from draftwise.errors import DraftwiseError
 from draftwise.data import SPEC_BENCH_DEV, spec_bench_questions
 from draftwise.proposers.retrieval.corpus import DEFAULT_SUFFIXES, CorpusError, load_encoder, resolve_source

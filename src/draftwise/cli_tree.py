@@ -9,7 +9,6 @@ tree optimize  combine it with a verify-cost profile (`draftwise profile`) and w
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 from draftwise.backends.dtype import DEFAULT_DTYPE, DtypeChoice, check_dtype
 from draftwise.contracts import ProposerContract
@@ -246,6 +246,6 @@ def spec_from_options(values: Mapping[str, str], base: DecoderSpec = DecoderSpec
         draft=values.get("draft", base.draft),
         verifier=values.get("verifier", base.verifier),
         gate=parse_gate(values["gate"]) if "gate" in values else base.gate,
-        dtype=check_dtype(values["dtype"]) if "dtype" in values else base.dtype,
+        dtype=cast(DtypeChoice, check_dtype(values["dtype"])) if "dtype" in values else base.dtype,
         generation=replace(gen, limits=limits, exact=_bool(values, "exact", gen.exact)),
     )

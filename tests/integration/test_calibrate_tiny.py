@@ -11,11 +11,10 @@ from draftwise.contracts import SamplingRelation
 from draftwise.engine import GenerationConfig, SpeculativeDecoder
 from draftwise.optimize.calibrate import calibrate, profile_from_counts
 from draftwise.proposers.draft_model import calibrated_config
-from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer
+from draftwise.proposers.draft_model import DraftModelProposer
 from draftwise.sampling import SamplingPolicy
 from draftwise.verify.greedy import GreedyVerifier
 from draftwise.verify.sequoia import SequoiaVerifier
-from draftwise.topology.tree_spec import TreeTemplate
 from tests.integration.tiny_models import tiny_backend
 
 PROMPTS = [[1, 2, 3], [4, 5], [6, 0, 7, 1]]

@@ -1,6 +1,5 @@
 """Greedy equality with plain decoding, on the embedded model and real Spec-Bench prompts."""
 
-import numpy as np
 import pytest
 
 from draftwise.engine import GenerationConfig, SpeculativeDecoder

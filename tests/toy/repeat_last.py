@@ -14,7 +14,7 @@ from draftwise.contracts import SamplingRelation, TopologyKind
 from draftwise.errors import InputError
 from draftwise.options import option
 from draftwise.proposers.base import RoundFeedback
-from draftwise.proposers.family import CandidateShape, DrafterFamily, DrafterResources
+from draftwise.proposers.family import CandidateShape, DrafterFamily
 from draftwise.sampling import SamplingPolicy
 
 CONTRACT = ProposerContract(ProbabilitySemantics.ABSENT, SamplingRelation.DETERMINISTIC_LOOKUP, TopologyKind.SEQUENCE)

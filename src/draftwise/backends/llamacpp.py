@@ -283,7 +283,7 @@ class LlamaCppBackend:
                     f"growing the round to {len(round_.leaves())} leaves needs more sequences than the "
                     f"{self.max_tree_leaves} this context was built for (reserve a larger tree budget first)"
                 )
-        for leaf, seq, anchor in plan:
+        for _leaf, seq, anchor in plan:
             if anchor == -2:
                 continue
             if anchor == -1:  # hangs from the pending token: sequence 0 holds the prefix and it

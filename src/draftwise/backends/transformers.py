@@ -271,7 +271,8 @@ class TransformersBackend:
     def kv_bytes(self) -> int:
         if self._cache is None:
             return 0
-        return sum(l.keys.numel() * l.keys.element_size() * 2 for l in self._cache.layers if l.is_initialized)
+        return sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in self._cache.layers
+                   if layer.is_initialized)
 
     # ---- text ----------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:

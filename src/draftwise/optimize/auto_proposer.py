@@ -30,7 +30,7 @@ from draftwise.artifacts import stable_hash, write_manifest
 from draftwise.backends.base import Backend
 from draftwise.build import build_decoder, fitted_generation, make_proposers, preflight, proposal_shape
 from draftwise.errors import DraftwiseError, InputError
-from draftwise.spec import CALIBRATION_WORKLOAD, AutoDrafter, AutoGate, DecoderSpec, GateProfile
+from draftwise.spec import AutoDrafter, AutoGate, DecoderSpec, GateProfile
 from draftwise.engine import GenerationConfig
 from draftwise.gate import CostGateConfig
 from draftwise.optimize.auto import AutoTreeConfig, artifact_matches, auto_gate_directory, ensure_profile, gate_rows
