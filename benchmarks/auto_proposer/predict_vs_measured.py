@@ -18,6 +18,7 @@ how that configuration measured.
 from __future__ import annotations
 
 import argparse
+import logging
 import datetime
 import json
 import statistics
@@ -62,7 +63,7 @@ def every_turn_traces(target, questions, generation: GenerationConfig, root: Pat
         asked = [i for i, q in enumerate(questions) if turn < len(q.turns)]
         prompts = [target.chat_prompt(messages_for(questions[i], turn, answers[i])) for i in asked]
         directory = root / "traces" / stable_hash(trace_key(target, prompts, generation))[:20]
-        for i, trace in zip(asked, ensure_traces(target, prompts, generation, directory, print)):
+        for i, trace in zip(asked, ensure_traces(target, prompts, generation, directory)):
             answers[i].append(target.detokenize([t for t in trace.tokens if t not in target.info.eos_token_ids]))
             traces.append(trace)
             owner.append(i)
@@ -83,6 +84,7 @@ def same_configuration(a: DecoderSpec, b: DecoderSpec) -> bool:
 
 
 def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the library's progress lines
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--measured", required=True, type=Path, help="a draftwise bench results directory")
     parser.add_argument("--backend", required=True, help="the run's methods on this backend are predicted")
@@ -114,11 +116,11 @@ def main() -> None:
     def target_for(spec: DecoderSpec):
         shape = branches(spec)
         if shape not in contexts:
-            contexts[shape] = load_backend(run["target"], args.backend, run["threads"], progress=print)
+            contexts[shape] = load_backend(run["target"], args.backend, run["threads"])
         return contexts[shape]
 
     target = target_for(methods[plain_name])  # the traces: plain decoding on plain's own context
-    draft = (load_backend(run["draft"], args.backend, run["threads"], progress=print)
+    draft = (load_backend(run["draft"], args.backend, run["threads"])
              if any(s.uses_draft_model for s in methods.values()) else None)
     questions = parse_workloads(args.workload or run["workloads"]).questions
     ids = [q.question_id for q in questions]
@@ -132,7 +134,7 @@ def main() -> None:
         chain = not branches(spec)  # each method's own shape, as its gate would measure it
         profile_dir = auto_gate_directory(target, max_rows, root, config, chain)
         profile = ensure_profile(target_for(spec), profile_dir, gate_rows(max_rows), config.profile_prefix_len,
-                                 config.profile_repeats, print, chain)
+                                 config.profile_repeats, chain)
         print(f"replaying {name}")
         result = replay_candidate(replace(spec, gate=GateProfile(profile_dir) if spec.gate else None), target, draft, traces,
                                   generation.max_new_tokens, profile)
@@ -152,7 +154,7 @@ def main() -> None:
     auto = choose_proposer(spec_from_options({"proposer": "auto"}, DecoderSpec(target=run["target"], backend=args.backend,
                                                                                generation=generation)), target, None,
                            [target.chat_prompt(messages_for(q, 0, [])) for q in
-                            parse_workloads([CALIBRATION_WORKLOAD]).questions], root, progress=print)
+                            parse_workloads([CALIBRATION_WORKLOAD]).questions], root)
     pick = next((name for name, spec in methods.items() if same_configuration(spec, auto.spec)), None)
     best = max(measured, key=measured.get)
     result = {

@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import json
 import platform
 import sys
@@ -89,10 +90,11 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     policy = SamplingPolicy(temperature=args.temperature)
-    target = load_backend("qwen2.5-coder-1.5b", args.backend, args.threads, progress=say)
-    draft = load_backend("qwen2.5-coder-0.5b", args.backend, args.threads, progress=say)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the library's progress lines
+    target = load_backend("qwen2.5-coder-1.5b", args.backend, args.threads)
+    draft = load_backend("qwen2.5-coder-0.5b", args.backend, args.threads)
     chat = lambda spec: [target.chat_prompt(messages_for(q, 0, [])) for q in parse_workload(spec).questions]  # noqa: E731
-    artifact = auto_tree(target, draft, policy, chat(args.calibration), args.out / "artifacts", CONFIG, progress=say)
+    artifact = auto_tree(target, draft, policy, chat(args.calibration), args.out / "artifacts", CONFIG)
     root = artifact.directory.parent
     acceptance = AcceptanceProfile.load(root / "acceptance")
     cost = VerifyCostProfile.load(root / "profile")

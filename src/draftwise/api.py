@@ -79,25 +79,23 @@ class Decoder:
         return replace(self, engine=build_decoder(replace(self.spec, generation=generation), self.target, self.draft))
 
 
-def default_loader(threads: int | None = None, device: str = "cpu",
-                   progress: Callable[[str], None] | None = None, dtype: DtypeChoice = DEFAULT_DTYPE) -> Loader:
+def default_loader(threads: int | None = None, device: str = "cpu", dtype: DtypeChoice = DEFAULT_DTYPE) -> Loader:
     def load(model: str, backend: str, role: str) -> Backend:
-        return load_backend(model, backend, threads, device=device, progress=progress, dtype=dtype)
+        return load_backend(model, backend, threads, device=device, dtype=dtype)
     return load
 
 
 def open_decoder(spec: DecoderSpec | None = None, *, loader: Loader | None = None,
-                 progress: Callable[[str], None] | None = None, calibration: str = CALIBRATION_WORKLOAD,
-                 **options: Any) -> Decoder:
-    """Check, load, resolve and build.  `options` are spec keys (as `--set` and bench method
+                 calibration: str = CALIBRATION_WORKLOAD, **options: Any) -> Decoder:
+    """Check, load, resolve and build (progress goes to the `draftwise` logger at INFO).  `options` are spec keys (as `--set` and bench method
     strings take them: proposer="draft-model", draft="qwen2.5-coder-0.5b", k=4, gate="auto", ...)
     applied on top of `spec` (default: `DecoderSpec()`)."""
     spec = spec_from_options(_as_strings(options), spec or DecoderSpec())
     check(spec)
-    load = loader or default_loader(spec.threads, spec.device, progress, spec.dtype)
+    load = loader or default_loader(spec.threads, spec.device, spec.dtype)
     target = load(spec.target, spec.backend, "target")
     draft = load(spec.draft, spec.backend, "draft") if spec.draft and spec.uses_draft_model else None
-    resolved, choices = resolve(spec, target, draft, progress, calibration=calibration)
+    resolved, choices = resolve(spec, target, draft, calibration=calibration)
     engine = build_decoder(resolved, target, draft)
     return Decoder(resolved, spec, target, draft, engine, choices)
 

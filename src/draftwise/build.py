@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
-from typing import Callable
 
 from draftwise.backends.base import Backend
 from draftwise.backends.dtype import DEFAULT_DTYPE, DtypeChoice, check_dtype
@@ -46,12 +45,12 @@ def choose_backend(name: str, model: ResolvedModel) -> str:
 
 
 def load_backend(model_name: str, backend: str = "auto", threads: int | None = None, device: str = "cpu",
-                 progress: Callable[[str], None] | None = None, dtype: DtypeChoice = DEFAULT_DTYPE) -> Backend:
+                 dtype: DtypeChoice = DEFAULT_DTYPE) -> Backend:
     """A backend for `model_name`; it sizes its own per-round resources when a decoder starts.
     `dtype` is the transformers backend's (float32, bfloat16, or auto: the faster here, measured
     once and cached); llama.cpp runs the GGUF's own types and takes only the default."""
     check_dtype(dtype)  # before anything is loaded
-    model = resolve(model_name, progress=progress)
+    model = resolve(model_name)
     kind = choose_backend(backend, model)
     if kind == "llamacpp":
         if model.kind != "gguf":
@@ -71,10 +70,10 @@ def load_backend(model_name: str, backend: str = "auto", threads: int | None = N
     if dtype == "auto":
         from draftwise.backends.dtype import choose_dtype
 
-        chosen, _ = choose_dtype(lambda d: TransformersBackend.load(model, device=device, dtype=d, progress=progress),
-                                 model.checkpoint_id, torch.get_num_threads(), device, say=progress or (lambda m: None))
+        chosen, _ = choose_dtype(lambda d: TransformersBackend.load(model, device=device, dtype=d),
+                                 model.checkpoint_id, torch.get_num_threads(), device)
         return chosen
-    return TransformersBackend.load(model, device=device, dtype=dtype, progress=progress)
+    return TransformersBackend.load(model, device=device, dtype=dtype)
 
 
 def unused_options(spec: DecoderSpec) -> list[str]:

@@ -18,6 +18,7 @@ from draftwise.api import open_decoder
 from draftwise.build import load_backend
 from draftwise.engine import GenerationConfig, GenerationResult
 from draftwise.errors import DraftwiseError, InputError
+from draftwise.logs import progress_to
 from draftwise.options import config_help
 from draftwise.proposers.registry import DRAFTERS
 from draftwise.sampling import SamplingPolicy
@@ -39,6 +40,10 @@ DTYPE_HELP = ("The transformers backend's dtype: float32 | bfloat16 | auto (the 
 def _quiet_llama_cpp() -> None:
     """llama.cpp logs every load to stderr through llama-cpp-python's logger; the CLI shows errors only."""
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+
+
+def _dim(message: str) -> None:
+    err.print(message, style="dim", markup=False, highlight=False)
 
 
 def _fail(message: str) -> None:
@@ -98,8 +103,8 @@ def generate(
             options[key] = value
         spec = spec_from_options(options, base)
         _quiet_llama_cpp()
-        say = None if as_json else (lambda m: err.print(f"[dim]{m}[/]"))
-        decoder = open_decoder(spec, progress=say, calibration=calibration_workload)
+        with progress_to(None if as_json else _dim):
+            decoder = open_decoder(spec, calibration=calibration_workload)
         prompt_ids = decoder.prompt_ids(prompt, chat)
         if not decoder.engine.verifier.capabilities.exact and not as_json:  # said before a single token is printed
             err.print("[bold yellow]warning:[/] a heuristic verifier makes this output: it is NOT distributed "
@@ -210,7 +215,8 @@ def models_pull(name: str = typer.Argument(..., help="Alias to assemble into the
     if name not in models.REGISTRY:
         _fail(f"unknown alias {name!r}; aliases: {', '.join(models.REGISTRY)}")
     try:
-        path = models.pull_model(name, progress=lambda m: err.print(m))
+        with progress_to(lambda m: err.print(m, markup=False, highlight=False)):
+            path = models.pull_model(name)
     except models.ModelError as exc:
         _fail(str(exc))
     print(path)
@@ -283,10 +289,11 @@ def profile(
             _fail(f"{name} must be >= 1, got {value}")
             return
     try:
-        target_backend = load_backend(target, backend, threads, progress=lambda m: err.print(f"[dim]{m}[/]"),
-                                      dtype=dtype)
-        result = write_profile(target_backend, Path(out), prefix_len=prefix_len, rows=rows, repeats=repeats,
-                               progress=lambda m: err.print(m), chain=chain, extend=extend)
+        with progress_to(_dim):
+            target_backend = load_backend(target, backend, threads, dtype=dtype)
+        with progress_to(lambda m: err.print(m, markup=False, highlight=False)):
+            result = write_profile(target_backend, Path(out), prefix_len=prefix_len, rows=rows, repeats=repeats,
+                                   chain=chain, extend=extend)
     except (DraftwiseError, OSError) as exc:
         _fail(str(exc))
         return

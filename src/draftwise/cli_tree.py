@@ -18,6 +18,7 @@ from rich.table import Table
 
 from draftwise.api import open_decoder
 from draftwise.errors import DraftwiseError
+from draftwise.logs import progress_to
 from draftwise.optimize.calibrate import calibrated_families, calibration_spec
 from draftwise.sampling import SamplingPolicy
 from draftwise.spec import DecoderSpec
@@ -60,13 +61,12 @@ def calibrate(
                                 max_new_tokens, seed)
         verifier = check(spec)
         questions = parse_workload(workload).questions
-        say = lambda m: err.print(f"[dim]{m}[/]")  # noqa: E731
-        opened = open_decoder(spec, progress=say)
-        decoder, target_backend = opened.engine, opened.target
-        prompts = [target_backend.chat_prompt(messages_for(q, 0, [])) for q in questions]
-        err.print(f"calibrating {proposer} (width {width}, depth {depth}, verifier {verifier}) on {len(prompts)} prompts")
-        counts = run_calibration(decoder, prompts, width, depth,
-                                 progress=lambda done, total: err.print(f"  {done}/{total} prompts"))
+        with progress_to(lambda m: err.print(m, style="dim", markup=False, highlight=False)):
+            opened = open_decoder(spec)
+            decoder, target_backend = opened.engine, opened.target
+            prompts = [target_backend.chat_prompt(messages_for(q, 0, [])) for q in questions]
+            err.print(f"calibrating {proposer} (width {width}, depth {depth}, verifier {verifier}) on {len(prompts)} prompts")
+            counts = run_calibration(decoder, prompts, width, depth)
         provenance = calibration_provenance(decoder, counts, workload, prompts, getattr(target_backend, "n_threads", threads))
         profile = profile_from_counts(counts, provenance)
         manifest = profile.save(out)

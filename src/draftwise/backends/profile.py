@@ -18,11 +18,13 @@ Decoding changes its row count every round too, so a shuffled order is also the 
 
 from __future__ import annotations
 
+import logging
+
 import os
 import platform
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -32,6 +34,8 @@ from draftwise.contracts import ProbabilitySemantics, ProposalNode, ProposalResu
 from draftwise.contracts import SamplingRelation, TopologyKind
 from draftwise.cost_profile import VerifyCostProfile
 from draftwise.topology.compile import CompiledRound, TreeLimits, compile_round
+
+log = logging.getLogger(__name__)  # progress lines (the CLI shows INFO)
 
 DEFAULT_ROWS = (1, 2, 4, 8, 16, 32, 64)
 # how the samples were taken, in each profile's provenance: a cached profile sampled otherwise
@@ -89,7 +93,6 @@ def profile_verify_cost(
     prefix_len: int = 512,
     rows: Sequence[int] = DEFAULT_ROWS,
     repeats: int = 5,
-    progress: Callable[[str], None] | None = None,
     chain: bool = False,
     extend: bool = False,
 ) -> dict:
@@ -100,7 +103,6 @@ def profile_verify_cost(
     on a 150k-token vocabulary is well below a verify of as many rows (every row's logits)."""
     if chain and extend:
         raise InputError("time chains or extends, not both")
-    say = progress or (lambda message: None)
     text_ids = backend.tokenize(_PREFIX_TEXT, add_special=False)
     prefix = (text_ids * (prefix_len // len(text_ids) + 1))[:prefix_len]
     backend.reserve(0 if chain or extend else max(rows) - 1)  # a tree of n rows has n - 1 candidates
@@ -131,10 +133,10 @@ def profile_verify_cost(
             if sweep:
                 samples[n].append(time.perf_counter() - start)
         if sweep:
-            say(f"pass {sweep}/{repeats} over {len(rows)} row counts")
+            log.info("pass %d/%d over %d row counts", sweep, repeats, len(rows))
     medians = [float(np.median(samples[n])) for n in rows]
     for n, median in zip(rows, medians):
-        say(f"n={n:3d}: {median * 1e3:8.2f} ms (x{median / medians[0]:.2f})")
+        log.info("n=%3d: %8.2f ms (x%.2f)", n, median * 1e3, median / medians[0])
     backend.reset()
     return {
         "rows": [int(n) for n in rows],
@@ -154,12 +156,11 @@ def write_profile(
     prefix_len: int = 512,
     rows: Sequence[int] = DEFAULT_ROWS,
     repeats: int = 5,
-    progress: Callable[[str], None] | None = print,
     chain: bool = False,
     extend: bool = False,
 ) -> VerifyCostProfile:
-    """Measure and save a verify_profile artifact in `out_dir`; progress is printed per n."""
-    measured = profile_verify_cost(backend, prefix_len, rows, repeats, progress, chain, extend)
+    """Measure and save a verify_profile artifact in `out_dir`; progress is logged per n."""
+    measured = profile_verify_cost(backend, prefix_len, rows, repeats, chain, extend)
     shape = (EXTEND_SHAPE if extend else "chain of n - 1 rows" if chain else "random tree of n - 1 rows, seed 0")
     profile = VerifyCostProfile.from_absolute(
         measured["rows"], measured["absolute_s"], model=measured["model"], backend=measured["backend"],

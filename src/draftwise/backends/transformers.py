@@ -10,6 +10,8 @@ provisional tree with one more forward whose mask shows them their provisional a
 
 from __future__ import annotations
 
+import logging
+
 import inspect
 import json
 from dataclasses import dataclass, field
@@ -27,6 +29,8 @@ from draftwise.models import ResolvedModel, cache_dir
 from draftwise.sampling import SamplingPolicy
 from draftwise.topology.compile import CompiledRound
 from draftwise.logits import cached
+
+log = logging.getLogger(__name__)  # progress lines (the CLI shows INFO)
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,14 +93,13 @@ class TransformersBackend:
 
     # ---- loading -------------------------------------------------------------------------
     @classmethod
-    def load(cls, model: ResolvedModel, device: str = "cpu", dtype: TorchDtype = DEFAULT_DTYPE,
-             progress=None) -> "TransformersBackend":
+    def load(cls, model: ResolvedModel, device: str = "cpu", dtype: TorchDtype = DEFAULT_DTYPE) -> "TransformersBackend":
         """The model in `dtype` (float32 or bfloat16; `auto` is settled by `draftwise.build.load_backend`).
         A GGUF's float32 conversion is cast on load: the same bf16 weights a bf16 conversion would hold."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         check_dtype(dtype, CONCRETE_DTYPES)
-        source = _converted_dir(model, progress) if model.kind == "gguf" else model.path
+        source = _converted_dir(model) if model.kind == "gguf" else model.path
         try:
             tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
             net = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype), local_files_only=True)
@@ -309,7 +312,7 @@ def _as_list(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def _converted_dir(model: ResolvedModel, progress=None) -> str:
+def _converted_dir(model: ResolvedModel) -> str:
     """transformers reads GGUF metadata slowly (minutes for a 150k vocabulary), so the first
     load converts the GGUF once into a safetensors directory keyed by the GGUF's sha256."""
     from safetensors.torch import save_model
@@ -323,8 +326,7 @@ def _converted_dir(model: ResolvedModel, progress=None) -> str:
             # the weights are hashed in full once, then whenever a file's size or mtime changes
             verify_files(out, manifest, stamps=stamps)
             return str(out)
-    say = progress or (lambda message: None)
-    say(f"converting {Path(model.path).name} for transformers (once; cached in {out})")
+    log.info("converting %s for transformers (once; cached in %s)", Path(model.path).name, out)
     folder, name = str(Path(model.path).parent), Path(model.path).name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     net = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
@@ -342,11 +344,11 @@ def _converted_dir(model: ResolvedModel, progress=None) -> str:
     return str(out)
 
 
-def load_tokenizer(model: ResolvedModel, progress=None):
+def load_tokenizer(model: ResolvedModel):
     """The model's transformers tokenizer alone (GGUF models are converted once, then cached)."""
     from transformers import AutoTokenizer
 
-    source = _converted_dir(model, progress) if model.kind == "gguf" else model.path
+    source = _converted_dir(model) if model.kind == "gguf" else model.path
     return AutoTokenizer.from_pretrained(source, local_files_only=True)
 
 

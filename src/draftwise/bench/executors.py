@@ -87,7 +87,7 @@ def prepare(method: MethodSpec, pool: ModelPool, generation: GenerationConfig) -
         def load(model: str, backend: str, role: str):
             return pool.backend(model, backend, role=role)
 
-        opened = open_decoder(method.decoder, loader=load, progress=pool.say)
+        opened = open_decoder(method.decoder, loader=load)  # its progress lines reach the run's log (bench.main)
         for choice in opened.choices:  # the answers record what was chosen: describe() reads the resolved spec
             pool.say(f"{method.name}: {choice.what} auto -> {choice.chosen}\n{choice.detail}")
         if opened.choices:

@@ -6,7 +6,6 @@ import json
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -26,6 +25,7 @@ from draftwise.bench.runner import (
 )
 from draftwise.bench.store import ResultStore, StoreError
 from draftwise.bench.summary import write_summary
+from draftwise.logs import progress_to
 
 
 def run_bench(settings: BenchSettings, out: Path, resume: bool = False, console: Console | None = None,
@@ -33,7 +33,9 @@ def run_bench(settings: BenchSettings, out: Path, resume: bool = False, console:
     """`pool` lets a caller that runs several benchmarks (tests, notebooks) load each model once.
     `retry_failures` (with `resume`) runs the questions a method failed on again."""
     console = console or Console(stderr=True)
-    say: Callable[[str], None] = lambda message: console.print(f"[dim]{message}[/]")  # noqa: E731
+    def say(message: str) -> None:
+        console.print(message, style="dim", markup=False, highlight=False)
+
     if retry_failures and not resume:
         raise StoreError("--retry-failures continues an earlier run: pass --resume as well")
     plan = make_plan(settings)  # every config error surfaces before a model is loaded
@@ -43,10 +45,11 @@ def run_bench(settings: BenchSettings, out: Path, resume: bool = False, console:
         say(f"retrying failed questions; their failure lines are kept in {aside}")
     session = Session()
     pool = pool or ModelPool(settings.threads, settings.seed, progress=say, dtype=settings.dtype)
-    executors = prepare_all(plan, pool, session)
-    if executors:
-        say(f"warm-up: {len(executors)} method(s), {settings.warmup_tokens} tokens each")
-        warm_up(executors, plan.workload.questions[0], settings.warmup_tokens, session)
+    with progress_to(say):  # the library's own lines (models pulled, profiles measured, auto choices)
+        executors = prepare_all(plan, pool, session)
+        if executors:
+            say(f"warm-up: {len(executors)} method(s), {settings.warmup_tokens} tokens each")
+            warm_up(executors, plan.workload.questions[0], settings.warmup_tokens, session)
     for name, reason in session.skipped.items():
         console.print(f"[yellow]skipped[/] {name}: {reason}")
     models = {m.target for m in plan.methods} | {m.draft for m in plan.methods if m.draft}

@@ -44,7 +44,7 @@ class ModelPool:
         Each backend sizes its per-round resources itself when a decoder starts."""
         dtype = self.dtype if kind == "transformers" else DEFAULT_DTYPE  # llama.cpp runs the GGUF's own types
         return self._get(("backend", model, kind, role),
-                         lambda: load_backend(model, kind, self.threads, progress=self._say, dtype=dtype))
+                         lambda: load_backend(model, kind, self.threads, dtype=dtype))
 
     def llama(self, model: str, lookup_tokens: int | None) -> object:
         """llama-cpp-python's high-level `Llama`; with `lookup_tokens` it carries LlamaPromptLookupDecoding.
@@ -73,7 +73,7 @@ class ModelPool:
 
         from draftwise.models import resolve
 
-        resolved = resolve(model, progress=self._say)
+        resolved = resolve(model)
         if resolved.kind != "gguf":
             raise ValueError(f"llama.cpp loads .gguf models; {model!r} is a {resolved.kind}")
         draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens) if lookup_tokens else None

@@ -17,6 +17,8 @@ names the same configuration; a tampered or foreign one is measured again.
 
 from __future__ import annotations
 
+import logging
+
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +40,8 @@ from draftwise.cost_profile import VerifyCostProfile
 from draftwise.optimize.select import TreeArtifact, load_tree_artifact, optimize_from_artifacts
 from draftwise.sampling import SamplingPolicy
 from draftwise.topology.compile import COMPILER_VERSION
+
+log = logging.getLogger(__name__)  # progress lines (the CLI shows INFO)
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,7 @@ def sampled_as_now(provenance: dict) -> bool:
 
 
 def ensure_profile(target: Backend, directory: Path, rows: Sequence[int], prefix_len: int, repeats: int,
-                   say: Callable[[str], None], chain: bool = False, extend: bool = False) -> VerifyCostProfile:
+                   chain: bool = False, extend: bool = False) -> VerifyCostProfile:
     """The verify profile in `directory`, measured now unless a valid one for this target and
     backend covering `rows` is there already."""
     wanted = [int(n) for n in rows]
@@ -95,9 +99,9 @@ def ensure_profile(target: Backend, directory: Path, rows: Sequence[int], prefix
         profile = VerifyCostProfile.load(directory)
         if set(wanted) <= set(profile.rows):
             return profile
-    say(f"measuring the verify cost of {target.info.checkpoint} (rows {wanted[0]}..{wanted[-1]})")
-    return write_profile(target, directory, prefix_len=prefix_len, rows=wanted, repeats=repeats, progress=say,
-                         chain=chain, extend=extend)
+    log.info("measuring the verify cost of %s (rows %d..%d)", target.info.checkpoint, wanted[0], wanted[-1])
+    return write_profile(target, directory, prefix_len=prefix_len, rows=wanted, repeats=repeats, chain=chain,
+                         extend=extend)
 
 
 def gate_rows(max_rows: int) -> tuple[int, ...]:
@@ -109,13 +113,13 @@ def gate_rows(max_rows: int) -> tuple[int, ...]:
 
 
 def auto_gate_profile(target: Backend, max_rows: int, cache_root: Path, config: AutoTreeConfig = AutoTreeConfig(),
-                      progress: Callable[[str], None] | None = None, chain: bool = False) -> VerifyCostProfile:
+                      chain: bool = False) -> VerifyCostProfile:
     """`--gate auto`: the target's verify profile over 1..max_rows, of chains or of trees (the
     shape the configuration verifies: llama.cpp runs chains on a cheaper path, and a chain-only
     context cannot verify a tree), cached per target, backend, thread count and shape."""
     directory = auto_gate_directory(target, max_rows, cache_root, config, chain)
     return ensure_profile(target, directory, gate_rows(max_rows), config.profile_prefix_len, config.profile_repeats,
-                          progress or (lambda message: None), chain)
+                          chain)
 
 
 def auto_gate_directory(target: Backend, max_rows: int, cache_root: Path, config: AutoTreeConfig = AutoTreeConfig(),
@@ -134,28 +138,26 @@ def auto_tree(
     calibration_prompts: Sequence[Sequence[int]],
     cache_root: Path,
     config: AutoTreeConfig = AutoTreeConfig(),
-    progress: Callable[[str], None] | None = None,
 ) -> TreeArtifact:
     """The tree to decode with, from cached artifacts or measured now."""
-    say = progress or (lambda message: None)
     key = configuration_key(target, draft, policy, config, calibration_prompts)
     root = Path(cache_root) / stable_hash(key)[:20]
     profile_dir, acceptance_dir, tree_dir = root / "profile", root / "acceptance", root / "tree"
     draft_profile_dir, draft_catch_up_dir = root / "draft_profile", root / "draft_catch_up"
 
     ensure_profile(target, profile_dir, tuple(range(1, config.max_nodes + 1)), config.profile_prefix_len,
-                   config.profile_repeats, say)
+                   config.profile_repeats)
     # the draft's own forwards price the drafting (`select.draft_round_steps`): a level of the
     # widest tree re-reads up to max_nodes rows (timed as chains, which any draft context holds:
     # a chain-only llama.cpp draft has no tree sequences), a catch-up extends up to max_depth + 2.
     ensure_profile(draft, draft_profile_dir, tuple(range(1, config.max_nodes + 1)),
-                   config.profile_prefix_len, config.profile_repeats, say, chain=True)
+                   config.profile_prefix_len, config.profile_repeats, chain=True)
     ensure_profile(draft, draft_catch_up_dir, tuple(range(1, config.max_depth + 3)),
-                   config.profile_prefix_len, config.profile_repeats, say, extend=True)
+                   config.profile_prefix_len, config.profile_repeats, extend=True)
     if not artifact_matches(acceptance_dir, "acceptance",
                   lambda p: p.get("policy") == policy.as_dict() and p.get("target") == target.info.checkpoint
                   and p.get("workload_hash") == key["calibration_prompts"]):
-        say(f"calibrating {draft.info.checkpoint} on {len(calibration_prompts)} prompts (width {config.width})")
+        log.info("calibrating %s on %d prompts (width %d)", draft.info.checkpoint, len(calibration_prompts), config.width)
         shutil.rmtree(acceptance_dir, ignore_errors=True)
         spec = calibration_spec(target.info.checkpoint, target.info.name, None, "draft-model", draft.info.checkpoint,
                                 config.width, 1, None, policy, config.calibration_tokens, GenerationConfig().seed)
@@ -171,7 +173,7 @@ def auto_tree(
         return load_tree_artifact(tree_dir, **hashes)
     except ArtifactError:
         pass
-    say("optimizing the tree for predicted time per committed token")
+    log.info("optimizing the tree for predicted time per committed token")
     shutil.rmtree(tree_dir, ignore_errors=True)
     optimize_from_artifacts(acceptance_dir, profile_dir, tree_dir, max_depth=config.max_depth, max_nodes=config.max_nodes,
                             draft_profile_dir=draft_profile_dir, draft_catch_up_dir=draft_catch_up_dir)

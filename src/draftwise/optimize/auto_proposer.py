@@ -20,11 +20,13 @@ with the reason, never silently dropped.
 
 from __future__ import annotations
 
+import logging
+
 import json
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 from draftwise.artifacts import stable_hash, write_manifest
 from draftwise.backends.base import Backend
@@ -37,6 +39,8 @@ from draftwise.optimize.auto import AutoTreeConfig, artifact_matches, auto_gate_
 from draftwise.cost_profile import VerifyCostProfile
 from draftwise.optimize.replay import Trace, predicted_seconds, replay, trace_from_records
 from draftwise.verify.registry import VERIFIERS
+
+log = logging.getLogger(__name__)  # progress lines (the CLI shows INFO)
 
 TRACES_KIND = "plain_traces"
 TRACES_FILE = "traces.json"
@@ -121,13 +125,13 @@ def auto_preflight(spec: DecoderSpec) -> str:
     return "auto (" + ", ".join(sorted({preflight(c) for _, c in kept})) + ")"
 
 
-def choose_for_workload(spec: DecoderSpec, target: Backend, draft: Backend | None, workload: str, cache_root: Path,
-                        progress: Callable[[str], None] | None = None) -> ProposerChoice:
+def choose_for_workload(spec: DecoderSpec, target: Backend, draft: Backend | None, workload: str,
+                        cache_root: Path) -> ProposerChoice:
     """`choose_proposer` on the first turns of a workload spec (humaneval:0-1, specbench:PATH:N, ...)."""
     from draftwise.workloads import messages_for, parse_workload
 
     prompts = [target.chat_prompt(messages_for(q, 0, [])) for q in parse_workload(workload).questions]
-    return choose_proposer(spec, target, draft, prompts, cache_root, progress)
+    return choose_proposer(spec, target, draft, prompts, cache_root)
 
 
 def trace_key(target: Backend, prompts: Sequence[Sequence[int]], generation: GenerationConfig) -> dict:
@@ -145,8 +149,8 @@ def trace_key(target: Backend, prompts: Sequence[Sequence[int]], generation: Gen
     }
 
 
-def ensure_traces(target: Backend, prompts: Sequence[Sequence[int]], generation: GenerationConfig, directory: Path,
-                  say: Callable[[str], None]) -> list[Trace]:
+def ensure_traces(target: Backend, prompts: Sequence[Sequence[int]], generation: GenerationConfig,
+                  directory: Path) -> list[Trace]:
     """Plain traces of `prompts`, decoded now unless a valid cached set for the same key is there."""
     key = trace_key(target, prompts, generation)
     if artifact_matches(directory, TRACES_KIND, lambda p: p == key):
@@ -156,7 +160,7 @@ def ensure_traces(target: Backend, prompts: Sequence[Sequence[int]], generation:
     decoder = build_decoder(DecoderSpec(drafter=None, generation=generation), target)
     traces = []
     for i, prompt in enumerate(prompts, 1):
-        say(f"plain trace {i}/{len(prompts)} ({generation.max_new_tokens} new tokens)")
+        log.info("plain trace %d/%d (%d new tokens)", i, len(prompts), generation.max_new_tokens)
         result = decoder.generate(prompt)
         seconds = [sum(r.seconds.values()) for r in result.records]  # [rounds], one token each
         traces.append(trace_from_records(prompt, result.tokens, seconds))
@@ -172,7 +176,6 @@ def choose_proposer(
     draft: Backend | None,
     prompts: Sequence[Sequence[int]],
     cache_root: Path,
-    progress: Callable[[str], None] | None = None,
     trace_tokens: int | None = None,
     profile_config: AutoTreeConfig = AutoTreeConfig(),
 ) -> ProposerChoice:
@@ -181,7 +184,6 @@ def choose_proposer(
     max_new_tokens): prompt lookup's misses gather late in a generation, and 64-token traces
     of HumanEval 0-1 ranked ungated lookup first on transformers where 128-token ones, like
     the measured run, rank the gated one first (benchmarks/auto_proposer/)."""
-    say = progress or (lambda message: None)
     trace_tokens = trace_tokens or spec.generation.max_new_tokens
     if not prompts:
         raise InputError("--proposer auto needs at least one calibration prompt")
@@ -190,19 +192,19 @@ def choose_proposer(
         raise InputError("--proposer auto: no candidate fits; " + "; ".join(f"{n}: {why}" for n, why in skipped))
     generation = replace(spec.generation, max_new_tokens=trace_tokens)
     traces_dir = Path(cache_root) / "traces" / stable_hash(trace_key(target, prompts, generation))[:20]
-    traces = ensure_traces(target, prompts, generation, traces_dir, say)
+    traces = ensure_traces(target, prompts, generation, traces_dir)
 
     max_rows = max(1 + candidate_rows(c) for _, c in candidates)
     chain = not any(c.drafter is not None and c.drafter.shape.branches for _, c in candidates)
     profile_dir = auto_gate_directory(target, max_rows, cache_root, profile_config, chain)
     profile = ensure_profile(target, profile_dir, gate_rows(max_rows), profile_config.profile_prefix_len,
-                             profile_config.profile_repeats, say, chain)
+                             profile_config.profile_repeats, chain)
 
     resolved = [(name, replace(c, gate=GateProfile(profile_dir)) if isinstance(c.gate, AutoGate) else c)  # the gate reads this profile
                 for name, c in candidates]
     replays = []
     for name, candidate in resolved:
-        say(f"replaying {name} on {len(traces)} trace(s)")
+        log.info("replaying %s on %d trace(s)", name, len(traces))
         replays.append(replay_candidate(candidate, target, draft, traces, trace_tokens, profile))
     plain_rate = replays[0].seconds_per_token  # candidate 0 is plain decoding
     scores = sorted((CandidateScore(name, r.seconds_per_token, plain_rate / r.seconds_per_token, r.mean_accepted,

@@ -20,9 +20,11 @@ after the prompt read, in seconds (the optimizer divides by the profile's t(1)).
 
 from __future__ import annotations
 
+import logging
+
 import datetime
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -36,6 +38,8 @@ from draftwise.proposers.registry import DRAFTERS
 from draftwise.sampling import SamplingPolicy
 from draftwise.spec import DecoderSpec, DrafterSpec
 from draftwise.stats import RoundRecord
+
+log = logging.getLogger(__name__)  # progress lines (the CLI shows INFO)
 
 
 def relation_for(policy: SamplingPolicy) -> SamplingRelation:
@@ -107,9 +111,8 @@ def calibrate(
     prompts: Sequence[Sequence[int]],
     width: int,
     depth: int,
-    progress: Callable[[int, int], None] | None = None,
 ) -> CalibrationCounts:
-    """Run `decoder` on every prompt and count slot selections; `progress(done, total)`."""
+    """Run `decoder` on every prompt and count slot selections (a progress line per prompt)."""
     if not prompts:
         raise InputError("calibration needs at least one prompt")
     records: list[RoundRecord] = []
@@ -118,8 +121,7 @@ def calibrate(
         result = decoder.generate(prompt)
         records.extend(result.records)
         new_tokens += len(result.tokens)
-        if progress is not None:
-            progress(i + 1, len(prompts))
+        log.info("  %d/%d prompts", i + 1, len(prompts))
     selected, reached = count_slots(records, width, depth)
     asked = [r for r in records if r.asked]
     if not asked:
