@@ -203,7 +203,8 @@ def parse_gate(text: str | None) -> GatePolicy | None:
     return GateProfile(Path(text))
 
 
-def _int(values: Mapping[str, str], key: str, default: int) -> int:
+def int_value(values: Mapping[str, str], key: str, default: int) -> int:
+    """values[key] as an integer (`default` when absent); InputError when it is not one."""
     if key not in values:
         return default
     try:
@@ -237,7 +238,8 @@ def spec_from_options(values: Mapping[str, str], base: DecoderSpec = DecoderSpec
     else:
         drafter = parse_drafter(proposer, own, registry, values.get("calibration"))
     gen = base.generation
-    limits = TreeLimits(_int(values, "max_nodes", gen.limits.max_nodes), _int(values, "max_depth", gen.limits.max_depth))
+    limits = TreeLimits(int_value(values, "max_nodes", gen.limits.max_nodes),
+                        int_value(values, "max_depth", gen.limits.max_depth))
     return replace(
         base,
         target=values.get("target", base.target),

@@ -31,7 +31,7 @@ from draftwise.engine import GenerationConfig
 from draftwise.errors import DraftwiseError, InputError
 from draftwise.models import resolve
 from draftwise.resolve import check
-from draftwise.spec import DecoderSpec, spec_from_options
+from draftwise.spec import DecoderSpec, int_value, spec_from_options
 
 PEERS = ("hf-plain", "hf-assisted", "hf-prompt-lookup", "llamacpp-plain", "llamacpp-prompt-lookup")
 PEER_BACKEND = {p: ("transformers" if p.startswith("hf-") else "llamacpp") for p in PEERS}
@@ -159,15 +159,6 @@ def _check_keys(kind: str, values: dict[str, str], allowed: set[str]) -> None:
         raise MethodError(f"{kind}: unknown key(s) {unknown}; allowed: {', '.join(sorted(allowed))}")
 
 
-def _int(values: dict[str, str], key: str, default: int) -> int:
-    if key not in values:
-        return default
-    try:
-        return int(values[key])
-    except ValueError as exc:
-        raise MethodError(f"{key}={values[key]!r} is not an integer") from exc
-
-
 def _dw_method(name: str, values: dict[str, str], defaults: MethodDefaults) -> MethodSpec:
     if "dtype" in values:  # the HF peers run the very model objects: one dtype for the whole run
         raise MethodError(f"method {name!r}: dtype is the run's (bench --dtype), so draftwise's transformers methods "
@@ -189,7 +180,10 @@ def _peer_method(name: str, kind: str, values: dict[str, str], defaults: MethodD
     draft = values.get("draft", defaults.draft) if kind == "hf-assisted" else None
     if kind == "hf-assisted" and not draft:
         raise MethodError(f"method {name!r}: hf-assisted needs a draft model (draft=MODEL or --draft)")
-    tokens = _int(values, "tokens", PEER_LOOKUP_TOKENS)
+    try:
+        tokens = int_value(values, "tokens", PEER_LOOKUP_TOKENS)
+    except InputError as exc:
+        raise MethodError(f"method {name!r}: {exc}") from exc
     if tokens < 1:
         raise MethodError(f"method {name!r}: tokens must be >= 1")
     return MethodSpec(name=name, kind=kind, backend=PEER_BACKEND[kind], target=values.get("target", defaults.target),
