@@ -134,7 +134,7 @@ def main() -> None:
         chain = not branches(spec)  # each method's own shape, as its gate would measure it
         profile_dir = auto_gate_directory(target, max_rows, root, config, chain)
         profile = ensure_profile(target_for(spec), profile_dir, gate_rows(max_rows), config.profile_prefix_len,
-                                 config.profile_repeats, chain)
+                                 config.profile_repeats, chain=chain)
         print(f"replaying {name}")
         result = replay_candidate(replace(spec, gate=GateProfile(profile_dir) if spec.gate else None), target, draft, traces,
                                   generation.max_new_tokens, profile)

@@ -157,10 +157,12 @@ def test_a_profile_sampled_the_old_way_is_measured_again(tmp_path):
                                           provenance={"prefix_len": 8, "repeats": 1, "shape": "random tree"})
     old.save(tmp_path / "profile")
     messages: list[str] = []
-    fresh = ensure_profile(target, tmp_path / "profile", (1, 2, 3), 8, 1, messages.append)
+    with progress_to(messages.append):
+        fresh = ensure_profile(target, tmp_path / "profile", (1, 2, 3), 8, 1)
     assert any("measuring" in m for m in messages) and fresh.provenance["sampling"] == SAMPLING
     messages.clear()
-    assert ensure_profile(target, tmp_path / "profile", (1, 2, 3), 8, 1, messages.append) == fresh
+    with progress_to(messages.append):
+        assert ensure_profile(target, tmp_path / "profile", (1, 2, 3), 8, 1) == fresh
     assert messages == []
 
 

@@ -93,6 +93,7 @@ def profile_verify_cost(
     prefix_len: int = 512,
     rows: Sequence[int] = DEFAULT_ROWS,
     repeats: int = 5,
+    *,
     chain: bool = False,
     extend: bool = False,
 ) -> dict:
@@ -156,11 +157,12 @@ def write_profile(
     prefix_len: int = 512,
     rows: Sequence[int] = DEFAULT_ROWS,
     repeats: int = 5,
+    *,
     chain: bool = False,
     extend: bool = False,
 ) -> VerifyCostProfile:
     """Measure and save a verify_profile artifact in `out_dir`; progress is logged per n."""
-    measured = profile_verify_cost(backend, prefix_len, rows, repeats, chain, extend)
+    measured = profile_verify_cost(backend, prefix_len, rows, repeats, chain=chain, extend=extend)
     shape = (EXTEND_SHAPE if extend else "chain of n - 1 rows" if chain else "random tree of n - 1 rows, seed 0")
     profile = VerifyCostProfile.from_absolute(
         measured["rows"], measured["absolute_s"], model=measured["model"], backend=measured["backend"],

@@ -86,7 +86,7 @@ def sampled_as_now(provenance: dict) -> bool:
     return "repeats" not in provenance or provenance.get("sampling") == PROFILE_SAMPLING
 
 
-def ensure_profile(target: Backend, directory: Path, rows: Sequence[int], prefix_len: int, repeats: int,
+def ensure_profile(target: Backend, directory: Path, rows: Sequence[int], prefix_len: int, repeats: int, *,
                    chain: bool = False, extend: bool = False) -> VerifyCostProfile:
     """The verify profile in `directory`, measured now unless a valid one for this target and
     backend covering `rows` is there already."""
@@ -119,7 +119,7 @@ def auto_gate_profile(target: Backend, max_rows: int, cache_root: Path, config: 
     context cannot verify a tree), cached per target, backend, thread count and shape."""
     directory = auto_gate_directory(target, max_rows, cache_root, config, chain)
     return ensure_profile(target, directory, gate_rows(max_rows), config.profile_prefix_len, config.profile_repeats,
-                          chain)
+                          chain=chain)
 
 
 def auto_gate_directory(target: Backend, max_rows: int, cache_root: Path, config: AutoTreeConfig = AutoTreeConfig(),

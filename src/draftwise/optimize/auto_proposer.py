@@ -198,7 +198,7 @@ def choose_proposer(
     chain = not any(c.drafter is not None and c.drafter.shape.branches for _, c in candidates)
     profile_dir = auto_gate_directory(target, max_rows, cache_root, profile_config, chain)
     profile = ensure_profile(target, profile_dir, gate_rows(max_rows), profile_config.profile_prefix_len,
-                             profile_config.profile_repeats, chain)
+                             profile_config.profile_repeats, chain=chain)
 
     resolved = [(name, replace(c, gate=GateProfile(profile_dir)) if isinstance(c.gate, AutoGate) else c)  # the gate reads this profile
                 for name, c in candidates]
