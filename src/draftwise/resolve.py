@@ -15,7 +15,6 @@ import logging
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
 
 from draftwise.backends.base import Backend
 from draftwise.build import preflight
@@ -24,6 +23,7 @@ from draftwise.models import cache_dir
 from draftwise.spec import CALIBRATION_WORKLOAD, AutoDrafter, AutoGate, DecoderSpec, DrafterSpec, GateProfile
 from draftwise.topology.templates import from_paths
 from draftwise.topology.tree_spec import AutoTree, TreeArtifact, TreeTemplate
+from draftwise.workloads import first_turn_prompts
 
 log = logging.getLogger(__name__)  # progress lines (the CLI shows INFO)
 
@@ -95,7 +95,7 @@ def resolve(spec: DecoderSpec, target: Backend, draft: Backend | None = None,
     spec = with_auto_tree_relation(spec)
     tree = _tree_of(spec.drafter)
     if isinstance(tree, AutoTree):
-        spec = _resolve_auto_tree(spec, target, draft, calibration_prompts(target, calibration), root, choices)
+        spec = _resolve_auto_tree(spec, target, draft, first_turn_prompts(target.chat_prompt, calibration), root, choices)
     elif isinstance(tree, TreeArtifact):
         spec = _with_template(spec, read_tree_artifact(tree, spec))
     if isinstance(spec.gate, AutoGate):
@@ -189,12 +189,3 @@ def _measure_gate(spec: DecoderSpec, target: Backend, root: Path) -> Path:
     return auto_gate_directory(target, rows, root, chain=chain)
 
 
-def calibration_prompts(target: Backend, workload: str) -> list[list[int]]:
-    """First turns of a workload, through the target's chat template."""
-    from draftwise.workloads import messages_for, parse_workload
-
-    return [target.chat_prompt(messages_for(q, 0, [])) for q in parse_workload(workload).questions]
-
-
-def describe_choices(choices: Sequence[Choice]) -> list[str]:
-    return [f"{c.what} auto -> {c.chosen}" for c in choices]

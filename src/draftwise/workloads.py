@@ -26,6 +26,7 @@ import json
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from draftwise.data import SPEC_BENCH_DEV, spec_bench_questions
 from draftwise.errors import InputError
@@ -211,3 +212,9 @@ def messages_for(question: Question, turn: int, answers: list[str]) -> list[dict
         messages.append({"role": "assistant", "content": answers[i]})
     messages.append({"role": "user", "content": question.turns[turn]})
     return messages
+
+
+def first_turn_prompts(chat_prompt: Callable[[list[dict]], list[int]], workload: str) -> list[list[int]]:
+    """Token ids of each question's first turn of `workload`, through a model's chat template
+    (`Backend.chat_prompt`): what calibration and the automatic choices decode."""
+    return [chat_prompt(messages_for(q, 0, [])) for q in parse_workload(workload).questions]

@@ -128,10 +128,9 @@ def auto_preflight(spec: DecoderSpec) -> str:
 def choose_for_workload(spec: DecoderSpec, target: Backend, draft: Backend | None, workload: str,
                         cache_root: Path) -> ProposerChoice:
     """`choose_proposer` on the first turns of a workload spec (humaneval:0-1, specbench:PATH:N, ...)."""
-    from draftwise.workloads import messages_for, parse_workload
+    from draftwise.workloads import first_turn_prompts
 
-    prompts = [target.chat_prompt(messages_for(q, 0, [])) for q in parse_workload(workload).questions]
-    return choose_proposer(spec, target, draft, prompts, cache_root)
+    return choose_proposer(spec, target, draft, first_turn_prompts(target.chat_prompt, workload), cache_root)
 
 
 def trace_key(target: Backend, prompts: Sequence[Sequence[int]], generation: GenerationConfig) -> dict:
