@@ -3,7 +3,7 @@
 
     core      contracts, sampling, topology, verify, backends, proposers, engine, gate, ...
     build     spec (typed configurations), build (a concrete spec -> a decoder)
-    planning  optimize, oracles (measure, calibrate, replay, choose)
+    planning  optimize, oracles, training (measure, calibrate, replay, choose, train)
     app       resolve (every auto -> a recorded choice), api (open_decoder)
     bench     the benchmark harness
     cli       the commands
@@ -41,7 +41,7 @@ def layer_of(module: str) -> str:
         return "app"
     if head in ("spec", "build"):
         return "build"
-    if head in ("optimize", "oracles"):
+    if head in ("optimize", "oracles", "training"):
         return "planning"
     if head in ("resolve", "api"):
         return "app"

@@ -92,6 +92,34 @@ class Backend(Protocol):
         """Token ids of the model's chat template applied to `messages`, with the assistant turn opened."""
 
 
+@dataclass(frozen=True, eq=False)
+class TokenWeights:
+    """The target's token embedding and LM head (float32, [V, d] each; the same array when tied),
+    which draft heads read: embeddings of drafted tokens, and the rows of their draft vocabulary."""
+
+    embed: np.ndarray  # [V, d]
+    lm_head: np.ndarray  # [V, d]
+
+
+class HiddenStates(Protocol):
+    """The capability draft heads need from a target backend (`supports_hidden`)."""
+
+    def track_hidden(self) -> None:
+        """From the next generation on, keep the final-norm hidden state (the LM head's input) of
+        the row whose logits predicted the pending token: it comes out of the verify forward
+        that just ran, so reading it costs no extra target forward."""
+
+    def frontier_hidden(self) -> np.ndarray | None:
+        """[d] float32: the hidden state of committed row cached_len - 1 (None when unknown:
+        nothing read yet, or after a truncate)."""
+
+    def token_weights(self) -> TokenWeights: ...
+
+
+def supports_hidden(backend: object) -> bool:
+    return all(callable(getattr(backend, name, None)) for name in ("track_hidden", "frontier_hidden", "token_weights"))
+
+
 def check_fits(info: BackendInfo, prompt_tokens: int, max_new_tokens: int) -> None:
     """Refuse, before any generation, a request that cannot fit the context window."""
     need = prompt_tokens + max_new_tokens

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from draftwise.artifacts import read_manifest, stamp_path, verify_files, write_manifest, write_stamp
-from draftwise.backends.base import BackendError, BackendInfo, ContextOverflow, check_grows, check_path, tokenizer_fingerprint
+from draftwise.backends.base import (BackendError, BackendInfo, ContextOverflow, TokenWeights, check_grows, check_path,
+                                     tokenizer_fingerprint)
 from draftwise.backends.dtype import CONCRETE_DTYPES, DEFAULT_DTYPE, TorchDtype, check_dtype
 from draftwise.backends.torch_probs import policy_probs
 from draftwise.models import ResolvedModel, cache_dir
@@ -90,6 +91,10 @@ class TransformersBackend:
         self._pending_rows = 0  # provisional rows appended by the last verify (pending included)
         self._round: CompiledRound | None = None  # the provisional round (None: pending only); rows grow by verify_more
         self._cache_kwarg = _cache_kwarg(model)
+        self._track = False  # keep hidden states (draft heads read them)
+        self._rows_hidden: torch.Tensor | None = None  # [1 + N, d] of the provisional rows (pending first)
+        self._frontier: torch.Tensor | None = None  # [d] of committed row cached_len - 1
+        self._last_hidden: torch.Tensor | None = None  # [keep, d] of the last forward's kept rows
 
     # ---- loading -------------------------------------------------------------------------
     @classmethod
@@ -142,6 +147,20 @@ class TransformersBackend:
         self._cache = DynamicCache(config=self.model.config)
         self._committed = 0
         self._pending_rows = 0
+        self._rows_hidden = None
+        self._frontier = None
+
+    # ---- hidden states (draft heads) ------------------------------------------------------------
+    def track_hidden(self) -> None:
+        self._track = True
+
+    def frontier_hidden(self) -> np.ndarray | None:
+        return None if self._frontier is None else self._frontier.float().cpu().numpy()
+
+    def token_weights(self) -> TokenWeights:
+        embed = self.model.get_input_embeddings().weight.detach().float().cpu()
+        head = self.model.get_output_embeddings().weight.detach().float().cpu()
+        return TokenWeights(embed.numpy(), embed.numpy() if head.data_ptr() == embed.data_ptr() else head.numpy())
 
     def _forward(self, ids: list[int], positions: torch.Tensor | None, mask: torch.Tensor | None, keep: int):
         """Logits of the last `keep` rows.  A forward that fails part way (out of memory) may
@@ -160,10 +179,13 @@ class TransformersBackend:
                     use_cache=True,
                     **{self._cache_kwarg: self._cache},
                     logits_to_keep=keep,
+                    output_hidden_states=self._track,
                 )
         except BaseException:
             self._crop_to(before)
             raise
+        # the last entry is the final norm's output, the LM head's input (checked by a test)
+        self._last_hidden = out.hidden_states[-1][0, -keep:] if self._track else None  # [keep, d]
         return out.logits[0]  # [keep, V]
 
     def _crop_to(self, length: int) -> None:
@@ -188,6 +210,7 @@ class TransformersBackend:
         positions = torch.arange(start, start + len(tokens), device=self.device)[None]  # [1, R]
         logits = self._forward(list(tokens), positions, None, keep=1)
         self._committed += len(tokens)
+        self._frontier = None if self._last_hidden is None else self._last_hidden[-1]
         return TorchLogits(logits[-1:])
 
     def verify(self, pending: int, round_: CompiledRound | None, unread: Sequence[int] = ()) -> TorchLogits:
@@ -210,6 +233,7 @@ class TransformersBackend:
         self._committed = t  # the unread rows are context: committed, whatever the round's outcome
         self._pending_rows = 1 + n
         self._round = round_
+        self._rows_hidden = self._last_hidden
         return TorchLogits(logits)
 
     def verify_more(self, round_: CompiledRound, first_row: int) -> TorchLogits:
@@ -226,6 +250,8 @@ class TransformersBackend:
                                keep=n - first_row)  # [M, V]
         self._pending_rows = 1 + n
         self._round = round_
+        if self._rows_hidden is not None and self._last_hidden is not None:
+            self._rows_hidden = torch.cat([self._rows_hidden, self._last_hidden])
         return TorchLogits(logits)
 
     def _tree_mask(self, t: int, u: int, round_: CompiledRound) -> torch.Tensor:
@@ -259,17 +285,22 @@ class TransformersBackend:
         self._crop_to(t + 1 + k)
         self._committed = t + 1 + k
         self._pending_rows = 0
+        if self._rows_hidden is not None:  # the last kept row predicted the new pending token
+            self._frontier = self._rows_hidden[accepted_rows[-1] + 1 if k else 0]
+            self._rows_hidden = None
 
     def rollback(self) -> None:
         if self._pending_rows:
             self._crop_to(self._committed)
             self._pending_rows = 0
+            self._rows_hidden = None
 
     def truncate(self, length: int) -> None:
         self.rollback()
         if length < self._committed:
             self._crop_to(length)
             self._committed = length
+            self._frontier = None
 
     def kv_bytes(self) -> int:
         if self._cache is None:

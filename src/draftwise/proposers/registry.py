@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from draftwise.proposers import draft_model, prompt_lookup
+from draftwise.proposers import draft_model, hydra, medusa, prompt_lookup
 from draftwise.proposers.family import DrafterRegistry
 from draftwise.proposers.retrieval import proposer as rest
 
@@ -10,4 +10,6 @@ DRAFTERS = DrafterRegistry([
     prompt_lookup.FAMILY,
     draft_model.FAMILY,
     rest.FAMILY,
+    medusa.FAMILY,
+    hydra.FAMILY,
 ])

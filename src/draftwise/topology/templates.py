@@ -61,6 +61,14 @@ def chain(k: int) -> Template:
     return tuple((0,) * d for d in range(1, k + 1))
 
 
+def comb(width: int, depth: int) -> Template:
+    """`width` children at every level, only the first of which has children: (0..W-1),
+    (0, 0..W-1), ... down to `depth` (width * depth nodes)."""
+    if width < 1 or depth < 1:
+        raise InputError(f"a comb needs width and depth >= 1, got {width} and {depth}")
+    return from_paths((0,) * level + (slot,) for level in range(depth) for slot in range(width))
+
+
 def cartesian(branching: Sequence[int]) -> Template:
     """Full tree: every node at depth d has branching[d] children (depth 0 = the frontier);
     [3, 2, 2] -> 3 + 6 + 12 = 21 nodes."""

@@ -1,0 +1,138 @@
+"""The head modules (HEADS.md sections 1, 2 and 5) and the draft vocabulary they score.
+
+Medusa: head i maps the frontier state h [B, d] through its own residual blocks; all heads
+read the same h, so one stage computes every depth.  Hydra: head i reads
+u = concat(h_{t-1}, E(x_t), E(x^_{t+1}), ..., E(x^_{t+i-1})) [B, (i+1) d], so depth i waits
+for depth i - 1's choice.  Both end in the target's own (frozen) LM head, restricted to a
+draft vocabulary: the rows of the most frequent tokens of the training data (`token_map`),
+because on a CPU the full LM head costs a fifth of the 135M model per row.  q is then zero
+outside the map and stays normalized over it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from draftwise.errors import InputError
+
+FAMILIES = ("medusa", "hydra")
+
+
+@dataclass(frozen=True)
+class HeadArch:
+    """Everything that fixes the parameter shapes of a head set."""
+
+    family: str  # "medusa" (independent) or "hydra" (dependent)
+    num_heads: int  # K: depths 1..K past the pending token
+    hidden_size: int  # d of the target
+    layers: int  # residual blocks per head (Hydra: after its input projection)
+    vocab_size: int  # the target's vocabulary V
+    draft_vocab: int  # rows of the draft vocabulary (== vocab_size: the full LM head)
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise InputError(f"head family must be one of {FAMILIES}, got {self.family!r}")
+        if self.num_heads < 1 or self.layers < 1:
+            raise InputError(f"a head set needs >= 1 head and >= 1 layer, got {self.num_heads} and {self.layers}")
+        if not 0 < self.draft_vocab <= self.vocab_size:
+            raise InputError(f"draft vocabulary of {self.draft_vocab} rows for a vocabulary of {self.vocab_size}")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class ResBlock(nn.Module):
+    """x + SiLU(W x + b); W starts at zero, so an untrained block is the identity."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(d, d)
+        nn.init.zeros_(self.linear.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., d] -> [..., d]
+        return x + nn.functional.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    """K independent heads over one state: [B, d] -> [K, B, d] (the LM head comes after)."""
+
+    def __init__(self, arch: HeadArch) -> None:
+        super().__init__()
+        self.arch = arch
+        self.blocks = nn.ModuleList(
+            nn.Sequential(*(ResBlock(arch.hidden_size) for _ in range(arch.layers))) for _ in range(arch.num_heads)
+        )
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:  # h [B, d]
+        return torch.stack([block(h) for block in self.blocks])  # [K, B, d]
+
+    def head(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        """Depth i (1-based) alone: [B, d] -> [B, d]."""
+        return self.blocks[i - 1](h)
+
+
+class HydraHead(nn.Module):
+    """One dependent head: [B, (i+1) d] -> [B, d].  The projection adds to h_{t-1} and starts
+    at zero, so an untrained head reads like the LM head on the previous state."""
+
+    def __init__(self, d: int, inputs: int, layers: int) -> None:
+        super().__init__()
+        self.project = nn.Linear(inputs * d, d)
+        nn.init.zeros_(self.project.weight)
+        self.blocks = nn.Sequential(*(ResBlock(d) for _ in range(layers)))
+        self.d = d
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:  # u [B, (i+1) d]
+        x = u[:, : self.d] + nn.functional.silu(self.project(u))  # [B, d]
+        return self.blocks(x)
+
+
+class HydraHeads(nn.Module):
+    """K dependent heads; head i takes (i + 1) vectors: h_{t-1} then i token embeddings."""
+
+    def __init__(self, arch: HeadArch) -> None:
+        super().__init__()
+        self.arch = arch
+        self.blocks = nn.ModuleList(HydraHead(arch.hidden_size, i + 1, arch.layers) for i in range(1, arch.num_heads + 1))
+
+    def head(self, i: int, u: torch.Tensor) -> torch.Tensor:
+        """Depth i (1-based): u [B, (i+1) d] -> [B, d]."""
+        if u.shape[-1] != (i + 1) * self.arch.hidden_size:
+            raise InputError(f"hydra head {i} takes {(i + 1)} vectors of {self.arch.hidden_size}, got width {u.shape[-1]}")
+        return self.blocks[i - 1](u)
+
+
+def make_heads(arch: HeadArch) -> MedusaHeads | HydraHeads:
+    return MedusaHeads(arch) if arch.family == "medusa" else HydraHeads(arch)
+
+
+class DraftVocab(nn.Module):
+    """The target's LM head restricted to `token_map` [V_d] (frozen, shared by every head)."""
+
+    def __init__(self, lm_head: torch.Tensor, token_map: torch.Tensor) -> None:  # lm_head [V, d], token_map [V_d]
+        super().__init__()
+        if token_map.ndim != 1 or int(token_map.max()) >= lm_head.shape[0] or int(token_map.min()) < 0:
+            raise InputError(f"token map of shape {tuple(token_map.shape)} does not index a vocabulary of {lm_head.shape[0]}")
+        if torch.unique(token_map).numel() != token_map.numel():
+            raise InputError("token map lists a token twice")
+        self.register_buffer("token_map", token_map.long(), persistent=False)  # [V_d]
+        self.register_buffer("rows", lm_head[token_map.long()].float().contiguous(), persistent=False)  # [V_d, d]
+        self.vocab_size = int(lm_head.shape[0])
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:  # x [..., d] -> [..., V_d]
+        return x @ self.rows.T
+
+    def full(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        """[B, V_d] -> [B, V] with -inf outside the map (a probability of exactly zero there)."""
+        out = draft_logits.new_full((*draft_logits.shape[:-1], self.vocab_size), float("-inf"))
+        out[..., self.token_map] = draft_logits
+        return out
+
+    def index_of(self) -> torch.Tensor:
+        """[V] target id -> draft index, -1 outside the map (labels there cannot be predicted)."""
+        index = torch.full((self.vocab_size,), -1, dtype=torch.long)
+        index[self.token_map] = torch.arange(self.token_map.numel())
+        return index

@@ -1,0 +1,243 @@
+"""Draft heads as proposers (Medusa: independent heads, Hydra: dependent heads).
+
+The heads read the target's hidden state of the row that predicted the pending token
+(`HiddenStates.frontier_hidden`), which the verify forward that just ran produced: no extra
+target forward per round.  A round expands an index-path template (Medusa's "choices") level
+by level: Medusa computes every depth from that one state (one stage); Hydra runs head i once
+per level, batched over the level's parents, each conditioned on its own path's embeddings.
+
+Children are the head's top-k (relation `beam`: deterministic, so greedy or membership
+verification) or drawn from its normalized q (`iid` or `without_replacement`: exact under
+rejection, SpecInfer and Sequoia).  q is the head's softmax over the draft vocabulary under
+the generation's sampling policy, zero outside it; a Medusa head's q at depth i does not
+condition on the drafted parent, which is still a legitimate proposal law when sampled.
+The round is the first that has no hidden state (the target has read nothing): it proposes
+nothing, and the heads start from round 2.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from draftwise.backends.base import Backend, supports_hidden
+from draftwise.contracts import (
+    ProbabilitySemantics,
+    ProposalNode,
+    ProposalResult,
+    ProposerContract,
+    SamplingRelation,
+    TopologyKind,
+)
+from draftwise.errors import BackendError, InputError
+from draftwise.heads.arch import DraftVocab, HydraHeads, MedusaHeads
+from draftwise.heads.artifact import HeadSet, load_heads
+from draftwise.heads.defaults import default_heads
+from draftwise.options import option
+from draftwise.proposers.base import RoundFeedback
+from draftwise.proposers.family import CandidateShape, DrafterFamily, DrafterResources
+from draftwise.sampling import SamplingPolicy, sample
+from draftwise.topology.templates import Template, chain, comb, max_depth, num_children, slots_by_parent
+from draftwise.topology.tree_spec import TreeSpec, TreeTemplate, parse_tree, show_tree
+from draftwise.verify.sequoia import without_replacement_q
+
+RELATIONS = (SamplingRelation.BEAM, SamplingRelation.IID, SamplingRelation.WITHOUT_REPLACEMENT)
+
+
+@dataclass(frozen=True)
+class HeadsConfig:
+    heads: str | None = option(None, help="head-set directory (draftwise heads train); default: the set committed "
+                                          "for the target, if any")
+    tree: TreeSpec | None = option(None, parse=parse_tree, show=show_tree,
+                                   help="index paths (Medusa choices: JSON, chain:3, wbd:2,2,1, cartesian:3,2), a "
+                                        "`tree optimize` directory, or auto; none: a chain through every head")
+    relation: SamplingRelation = option(SamplingRelation.BEAM, help="children: beam (top-k) | iid | "
+                                                                    "without_replacement (drawn from the head's q)")
+
+    def __post_init__(self) -> None:
+        if self.relation not in RELATIONS:
+            raise InputError(f"head children are {', '.join(r.value for r in RELATIONS)}, not {self.relation.value}")
+
+    @property
+    def template(self) -> Template | None:
+        if self.tree is None or isinstance(self.tree, TreeTemplate):
+            return None if self.tree is None else self.tree.paths
+        raise InputError(f"tree {self.tree} is not resolved to a template yet (draftwise.open_decoder resolves it)")
+
+
+def config_contract(config: HeadsConfig) -> ProposerContract:
+    if config.tree is None:
+        return ProposerContract(ProbabilitySemantics.NORMALIZED_CONDITIONAL, config.relation, TopologyKind.SEQUENCE)
+    if isinstance(config.tree, TreeTemplate) and max_depth(config.tree.paths) == 1:
+        return ProposerContract(ProbabilitySemantics.NORMALIZED_CONDITIONAL, config.relation, TopologyKind.SET)
+    return ProposerContract(ProbabilitySemantics.NORMALIZED_CONDITIONAL, config.relation, TopologyKind.TREE)
+
+
+def config_shape(config: HeadsConfig) -> CandidateShape:
+    if isinstance(config.tree, TreeTemplate):
+        return CandidateShape(len(config.tree.paths), max_depth(config.tree.paths), True)
+    return CandidateShape(0, 0, config.tree is not None)  # a chain through the heads: K is the head set's
+
+
+class ExpandedDistributions(Mapping):
+    """Parent -> q [V] (float64), built from the draft-vocabulary q [V_d] only when a verifier
+    asks: greedy verification never reads q, and a 150k-entry vector per parent would cost more
+    than the heads."""
+
+    def __init__(self, token_map: np.ndarray, vocab_size: int, rows: dict[int, np.ndarray]) -> None:
+        self._map, self._v, self._rows, self._full = token_map, vocab_size, rows, {}
+
+    def __getitem__(self, parent: int) -> np.ndarray:
+        if parent not in self._full:
+            row = self._rows[parent]
+            hit = next((k for k, r in self._full.items() if self._rows[k] is row), None)  # Medusa: shared per depth
+            if hit is not None:
+                self._full[parent] = self._full[hit]
+            else:
+                full = np.zeros(self._v)  # [V]
+                full[self._map] = row
+                self._full[parent] = full
+        return self._full[parent]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+
+class HeadsProposer:
+    phase = "propose"
+
+    def __init__(self, name: str, target: Backend, heads: HeadSet, config: HeadsConfig) -> None:
+        if not supports_hidden(target):
+            raise BackendError(f"backend {target.info.name} does not expose hidden states; draft heads need them")
+        heads.check_target(target.info.checkpoint, target.info.tokenizer_hash)
+        if heads.arch.family != name:
+            raise InputError(f"{heads.provenance.get('family', heads.arch.family)} heads given to proposer {name}")
+        weights = target.token_weights()  # type: ignore[attr-defined]
+        if weights.lm_head.shape != (heads.arch.vocab_size, heads.arch.hidden_size):
+            raise InputError(f"heads for a [{heads.arch.vocab_size}, {heads.arch.hidden_size}] LM head, the target's is "
+                             f"{list(weights.lm_head.shape)}")
+        self.name = name
+        self.target = target
+        self.headset = heads
+        self.config = config
+        self.contract = config_contract(config)
+        self.vocab = DraftVocab(torch.from_numpy(weights.lm_head), heads.token_map)
+        self.embed = torch.from_numpy(weights.embed) if heads.arch.family == "hydra" else None  # [V, d]
+        self.token_map = heads.token_map.numpy()  # [V_d]
+        template = config.template
+        self.template = chain(heads.arch.num_heads) if template is None else template
+        if max_depth(self.template) > heads.arch.num_heads:
+            raise InputError(f"tree of depth {max_depth(self.template)} for {heads.arch.num_heads} heads")
+        self._policy = SamplingPolicy()
+        self._rng = np.random.default_rng(0)
+        target.track_hidden()  # type: ignore[attr-defined]
+        self.last_seconds: dict[str, float] = {}
+
+    def identity(self) -> dict:
+        return {"name": self.name, "heads": self.headset.manifest_hash, "arch": self.headset.arch.as_dict(),
+                "template": self.template, "relation": self.contract.relation.value}
+
+    def begin(self, policy: SamplingPolicy, rng: np.random.Generator) -> None:
+        self._policy, self._rng = policy, rng
+
+    def observe(self, feedback: RoundFeedback) -> None:
+        pass  # the heads hold no state: the target's next frontier state is their input
+
+    def propose(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None) -> ProposalResult:
+        template = self.template
+        if max_depth is not None:
+            template = tuple(p for p in template if len(p) <= max_depth)
+        h = self.target.frontier_hidden() if self.target.cached_len == len(context) - 1 else None  # type: ignore[attr-defined]
+        nodes: list[ProposalNode] = []
+        rows: dict[int, np.ndarray] = {}
+        if template and h is not None:
+            with torch.inference_mode():
+                nodes, rows = self._expand(int(context[-1]), torch.from_numpy(np.asarray(h, dtype=np.float32)), template)
+        return ProposalResult(
+            nodes=tuple(nodes), contract=self.contract, source=self.name, manifest_hash=manifest_hash,
+            distributions=ExpandedDistributions(self.token_map, self.headset.arch.vocab_size, rows),
+            state=dict(self.last_seconds),
+        )
+
+    def _expand(self, pending: int, h: torch.Tensor, template: Template) -> tuple[list[ProposalNode], dict[int, np.ndarray]]:
+        slots = slots_by_parent(template)
+        widths = num_children(template)
+        depth_of = [len(p) for p in template]  # canonical order: by depth
+        node_of: dict[int, int] = {}  # template node -> proposal node
+        tokens_of: dict[int, list[int]] = {-1: [pending]}  # proposal node -> its path's tokens, pending first
+        nodes: list[ProposalNode] = []
+        rows: dict[int, np.ndarray] = {}
+        self.last_seconds = {}
+        medusa_logits: torch.Tensor | None = None
+        for level in range(1, max(depth_of) + 1):
+            clock = time.perf_counter()
+            members = [i for i, d in enumerate(depth_of) if d == level]
+            parents = sorted({slots[i].parent for i in members})
+            parent_nodes = [-1 if p == -1 else node_of[p] for p in parents]
+            if isinstance(self.headset.heads, MedusaHeads):
+                if medusa_logits is None:  # every depth from the one state: one stage
+                    depth = max(depth_of)
+                    states = torch.stack([self.headset.heads.head(i, h[None])[0] for i in range(1, depth + 1)])  # [D, d]
+                    medusa_logits = self.vocab.logits(states)  # [D, V_d]
+                level_logits = medusa_logits[level - 1][None].expand(len(parents), -1)  # [P, V_d], one row shared
+                shared = True
+            else:
+                assert isinstance(self.headset.heads, HydraHeads) and self.embed is not None
+                paths = torch.tensor([tokens_of[n] for n in parent_nodes])  # [P, level]
+                u = torch.cat([h[None].expand(len(parents), -1), self.embed[paths].flatten(1)], dim=1)  # [P, (level+1) d]
+                level_logits = self.vocab.logits(self.headset.heads.head(level, u))  # [P, V_d]
+                shared = False
+            probs = self._policy.probs(level_logits[:1].numpy() if shared else level_logits.numpy())  # [P or 1, V_d]
+            for k, (parent, parent_node) in enumerate(zip(parents, parent_nodes)):
+                q = probs[0 if shared else k]  # [V_d]
+                rows[parent_node] = q if not shared else probs[0]
+                chosen = self._children(q, level_logits[k], widths[parent])
+                for i in [m for m in members if slots[m].parent == parent]:
+                    index = chosen[slots[i].slot]
+                    token = int(self.token_map[index])
+                    node_of[i] = len(nodes)
+                    tokens_of[len(nodes)] = tokens_of[parent_node] + [token]
+                    nodes.append(ProposalNode(token=token, parent=parent_node, depth=level, q=float(q[index]),
+                                              source=self.name))
+            self.last_seconds[f"head{level}"] = time.perf_counter() - clock
+        return nodes, rows
+
+    def _children(self, q: np.ndarray, logits: torch.Tensor, width: int) -> list[int]:
+        """Draft-vocabulary indices of a parent's `width` children, in slot order."""
+        relation = self.contract.relation
+        if relation is SamplingRelation.BEAM:
+            return logits.topk(width).indices.tolist()  # deterministic top-k of the head
+        drawn: list[int] = []
+        for _ in range(width):
+            law = without_replacement_q(q, drawn) if relation is SamplingRelation.WITHOUT_REPLACEMENT else q
+            drawn.append(sample(law, self._rng))
+        return drawn
+
+
+def open_heads(name: str, config: HeadsConfig, resources: DrafterResources) -> HeadsProposer:
+    target = resources.target
+    directory = Path(config.heads) if config.heads else default_heads(name, target.info.checkpoint)
+    return HeadsProposer(name, target, load_heads(directory), config)
+
+
+def calibrated(width: int, depth: int, relation: SamplingRelation) -> HeadsConfig:
+    """A comb: `width` children at every level, the first of them continuing to `depth`, so each
+    head's slot acceptances are counted along the path the target most often takes."""
+    return HeadsConfig(tree=TreeTemplate(comb(width, depth)), relation=relation)
+
+
+def family(name: str, summary: str) -> DrafterFamily[HeadsConfig]:
+    return DrafterFamily(
+        name=name, config=HeadsConfig, contract=config_contract, shape=config_shape,
+        build=lambda config, resources: open_heads(name, config, resources),
+        summary=summary, auto_tree=True, calibrated=calibrated,
+    )

@@ -1,0 +1,5 @@
+"""Medusa: K independent heads over the target's frontier state (HEADS.md section 1)."""
+
+from draftwise.proposers.heads import family
+
+FAMILY = family("medusa", "trained independent heads read the target's own last hidden state (one stage per round)")
