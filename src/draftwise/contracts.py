@@ -78,6 +78,9 @@ class ProposalResult:
     manifest_hash: str
     distributions: Mapping[int, np.ndarray] = field(default_factory=dict)
     state: Any = None  # the proposer's own handle on its provisional state, handed back by `observe`
+    # the proposer's own split of its time (e.g. a head stage per tree level: "head1", "head2");
+    # part of the "propose" phase, recorded beside it in the round ledger
+    seconds: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _validate_result(self)

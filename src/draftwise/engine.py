@@ -261,6 +261,7 @@ class SpeculativeDecoder:
             slot_path=slot_path(round_, selection.accepted_rows),
             gated=gated,
             reads_prompt=reads_prompt,
+            detail={key: value for result in results for key, value in result.seconds.items()},
         )
         return record, emitter.tokens[-emitted_count:] if emitted_count else []
 

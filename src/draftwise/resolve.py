@@ -54,7 +54,7 @@ def check(spec: DecoderSpec) -> str:
         assert isinstance(spec.drafter, DrafterSpec)
         if not spec.drafter.family.auto_tree:
             raise InputError(f"tree=auto is planned for {', '.join(_auto_tree_families())}, not {spec.proposer}")
-        if not spec.draft:
+        if spec.drafter.family.needs_draft_model and not spec.draft:
             raise InputError(f"--tree auto chooses a {spec.proposer} tree: pass --draft MODEL")
     return preflight(spec)
 
@@ -136,11 +136,15 @@ def _resolve_proposer(spec: DecoderSpec, target: Backend, draft: Backend | None,
 
 def _resolve_auto_tree(spec: DecoderSpec, target: Backend, draft: Backend | None, prompts: list[list[int]],
                        root: Path, choices: list[Choice]) -> DecoderSpec:
-    from draftwise.optimize.auto import auto_tree
+    from draftwise.optimize.auto import auto_head_tree, auto_tree
 
-    if draft is None:
+    assert isinstance(spec.drafter, DrafterSpec)
+    if not spec.drafter.family.needs_draft_model:  # a head family: its own heads, the target's t(n)
+        artifact = auto_head_tree(spec, target, prompts, root)
+    elif draft is None:
         raise InputError(f"--tree auto chooses a {spec.proposer} tree: pass --draft MODEL")
-    artifact = auto_tree(target, draft, spec.generation.policy, prompts, root)
+    else:
+        artifact = auto_tree(target, draft, spec.generation.policy, prompts, root)
     picked = artifact.choice
     log.info("auto tree: n=%d d=%d, predicted speedup %.2f", picked.n, picked.d, picked.speedup)
     if picked.n == 1:  # measured: no tree beats plain decoding here

@@ -31,6 +31,8 @@ class RoundRecord:
     reads_prompt: bool = False
     provisional_kv_bytes: int = 0  # KV bytes of the round's provisional rows (pending + candidates)
     depth_limit: int = 0  # the deepest candidate this round could verify (context and max_new_tokens); 0 if not asked
+    # the proposers' own split of their phase (a head stage per level): inside `seconds`, not added to it
+    detail: dict[str, float] = field(default_factory=dict)
 
     @property
     def total_seconds(self) -> float:
@@ -55,6 +57,8 @@ class GenerationStats:
     time_split: dict[str, float]  # phase -> seconds per committed token
     max_kv_bytes: int  # the most KV any round held, committed rows included
     max_provisional_kv_bytes: int  # the most KV a round held provisionally (the verify's own rows)
+    # mean seconds per round that asked, of each part of the proposers' time (e.g. head1, head2)
+    detail_per_round: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,4 +90,11 @@ def summarize(records: list[RoundRecord], new_tokens: int, wall_seconds: float) 
         time_split=split,
         max_kv_bytes=max((r.kv_bytes for r in records), default=0),
         max_provisional_kv_bytes=max((r.provisional_kv_bytes for r in records), default=0),
+        detail_per_round=_detail(records),
     )
+
+
+def _detail(records: list[RoundRecord]) -> dict[str, float]:
+    asked = [r for r in records if r.asked] or records
+    keys = sorted({k for r in asked for k in r.detail})
+    return {k: sum(r.detail.get(k, 0.0) for r in asked) / len(asked) for k in keys}

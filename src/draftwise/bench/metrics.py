@@ -66,6 +66,7 @@ class MethodMetrics:
     speedup_per_prompt_median: float | None
     ms_per_token: float
     time_split_ms: dict[str, float] | None  # phase -> ms per committed token (draftwise methods)
+    propose_ms_per_round: float | None  # the proposer's time per round (a head set's cost per round)
     mean_accepted: float | None
     accepted_histogram: list[int] | None
     acceptance_by_depth: list[float | None] | None  # None inside: that depth was never offered
@@ -196,6 +197,15 @@ def _time_split(answers: list[Answer], tokens: int, wall: float) -> dict[str, fl
     return {p: round(s / tokens * 1e3, 4) for p, s in totals.items()}
 
 
+def _propose_per_round(answers: list[Answer]) -> float | None:
+    turns = [t for a in answers for t in a.turns]
+    if not turns or any(t.phase_seconds is None or t.rounds is None for t in turns):
+        return None
+    rounds = sum(len(t.rounds) for t in turns)
+    seconds = sum(t.phase_seconds.get("propose", 0.0) + t.phase_seconds.get("retrieval", 0.0) for t in turns)
+    return round(seconds / rounds * 1e3, 4) if rounds else None
+
+
 def method_metrics(answers: list[Answer], reference: dict[str, Answer] | None, check_exact: bool,
                    is_reference: bool = False, kv_row_bytes: int | None = None) -> MethodMetrics:
     """`kv_row_bytes`: the target's KV bytes per token row, for the provisional KV (None: unknown)."""
@@ -221,6 +231,7 @@ def method_metrics(answers: list[Answer], reference: dict[str, Answer] | None, c
         speedup_per_prompt_median=None if per_prompt is None else round(per_prompt, 4),
         ms_per_token=round(wall / tokens * 1e3, 4) if tokens else 0.0,
         time_split_ms=_time_split(good, tokens, wall),
+        propose_ms_per_round=_propose_per_round(good),
         mean_accepted=acceptance.get("mean_accepted"),
         accepted_histogram=acceptance.get("accepted_histogram"),
         acceptance_by_depth=acceptance.get("acceptance_by_depth"),

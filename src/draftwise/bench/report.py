@@ -159,14 +159,16 @@ def _split_table(summary: dict) -> list[str]:
         return []
     phases = list(next(iter(rows.values()))["time_split_ms"])
     lines = ["## Where the time goes (ms per committed token)", "",
-             "| method | " + " | ".join(phases) + " | acceptance by depth | first / any-child coverage (rounds) |",
-             "|---|" + "---|" * (len(phases) + 2)]
+             "| method | " + " | ".join(phases) + " | propose ms / round | acceptance by depth "
+             "| first / any-child coverage (rounds) |",
+             "|---|" + "---|" * (len(phases) + 3)]
     for name, o in rows.items():
         depth = ", ".join(_fmt(x) for x in (o["acceptance_by_depth"] or [])) or "–"
         coverage = (f"{_fmt(o['first_child_coverage'])} / {_fmt(o['any_child_coverage'])} ({o['coverage_rounds']})"
                     if o["coverage_rounds"] else "–")
+        per_round = o.get("propose_ms_per_round")
         lines.append(f"| {name} | " + " | ".join(_fmt(o["time_split_ms"][p], 2) for p in phases)
-                     + f" | {depth} | {coverage} |")
+                     + f" | {_fmt(per_round, 2) if per_round is not None else '–'} | {depth} | {coverage} |")
     return lines + [""]
 
 

@@ -178,3 +178,62 @@ def auto_tree(
     optimize_from_artifacts(acceptance_dir, profile_dir, tree_dir, max_depth=config.max_depth, max_nodes=config.max_nodes,
                             draft_profile_dir=draft_profile_dir, draft_catch_up_dir=draft_catch_up_dir)
     return load_tree_artifact(tree_dir, **hashes)
+
+
+def auto_head_tree(
+    spec,
+    target: Backend,
+    calibration_prompts: Sequence[Sequence[int]],
+    cache_root: Path,
+    config: AutoTreeConfig = AutoTreeConfig(),
+) -> TreeArtifact:
+    """`tree=auto` for a head family: the heads' slot acceptance per depth, counted on combs
+    (width W at every level, the first slot continuing) through every head, the target's t(n),
+    and Sequoia's DP over the depth-dependent acceptance; the heads' measured time per level
+    prices the drafting.  Keyed by the head set's manifest hash as well as the target's."""
+    from dataclasses import replace
+
+    from draftwise.heads.artifact import KIND as HEADS_KIND
+    from draftwise.heads.defaults import default_heads
+
+    drafter = spec.drafter
+    heads_dir = Path(drafter.config.heads) if drafter.config.heads else default_heads(drafter.family.name,
+                                                                                   target.info.checkpoint)
+    heads_manifest = read_manifest(heads_dir, kind=HEADS_KIND)
+    depth = int(heads_manifest.provenance["arch"]["num_heads"])
+    policy = spec.generation.policy
+    key = {"target": target.info.checkpoint, "tokenizer_hash": target.info.tokenizer_hash,
+           "family": drafter.family.name, "heads": heads_manifest.hash, "backend": target.info.name,
+           "dtype": target.info.dtype, "threads": getattr(target, "n_threads", None), "policy": policy.as_dict(),
+           "calibration_prompts": calibration_hash(calibration_prompts), "compiler": COMPILER_VERSION,
+           "config": config.__dict__}
+    root = Path(cache_root) / "heads" / stable_hash(key)[:20]
+    profile_dir, acceptance_dir, tree_dir = root / "profile", root / "acceptance", root / "tree"
+    ensure_profile(target, profile_dir, tuple(range(1, config.max_nodes + 1)), config.profile_prefix_len,
+                   config.profile_repeats)
+    if not artifact_matches(acceptance_dir, "acceptance",
+                            lambda p: p.get("policy") == policy.as_dict() and p.get("target") == target.info.checkpoint
+                            and p.get("workload_hash") == key["calibration_prompts"]):
+        log.info("calibrating %s heads on %d prompts (width %d, depth %d)", drafter.family.name,
+                 len(calibration_prompts), config.width, depth)
+        shutil.rmtree(acceptance_dir, ignore_errors=True)
+        calibration = calibration_spec(target.info.checkpoint, target.info.name, None, drafter.family.name, None,
+                                       config.width, depth, None, policy, config.calibration_tokens,
+                                       GenerationConfig().seed)
+        assert calibration.drafter is not None
+        calibration = replace(calibration, drafter=replace(calibration.drafter, config=replace(
+            calibration.drafter.config, heads=str(heads_dir))))
+        decoder = build_decoder(calibration, target)
+        counts = calibrate(decoder, calibration_prompts, config.width, depth)
+        provenance = calibration_provenance(decoder, counts, "auto", calibration_prompts, key["threads"])
+        profile_from_counts(counts, provenance).save(acceptance_dir)
+    hashes = {"acceptance_manifest_hash": read_manifest(acceptance_dir).hash,
+              "hardware_manifest_hash": read_manifest(profile_dir).hash}
+    try:
+        return load_tree_artifact(tree_dir, **hashes)
+    except ArtifactError:
+        pass
+    log.info("optimizing the head tree for predicted time per committed token")
+    shutil.rmtree(tree_dir, ignore_errors=True)
+    optimize_from_artifacts(acceptance_dir, profile_dir, tree_dir, max_depth=depth, max_nodes=config.max_nodes)
+    return load_tree_artifact(tree_dir, **hashes)

@@ -154,6 +154,7 @@ class HeadsProposer:
 
     def propose(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None) -> ProposalResult:
         template = self.template
+        self.last_seconds = {}
         if max_depth is not None:
             template = tuple(p for p in template if len(p) <= max_depth)
         h = self.target.frontier_hidden() if self.target.cached_len == len(context) - 1 else None  # type: ignore[attr-defined]
@@ -165,7 +166,7 @@ class HeadsProposer:
         return ProposalResult(
             nodes=tuple(nodes), contract=self.contract, source=self.name, manifest_hash=manifest_hash,
             distributions=ExpandedDistributions(self.token_map, self.headset.arch.vocab_size, rows),
-            state=dict(self.last_seconds),
+            seconds=dict(self.last_seconds),
         )
 
     def _expand(self, pending: int, h: torch.Tensor, template: Template) -> tuple[list[ProposalNode], dict[int, np.ndarray]]:
