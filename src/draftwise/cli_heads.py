@@ -133,7 +133,7 @@ def export_heads(
                                                             "directory); default: a chain through every head"),
 ) -> None:
     """Export a Medusa head set in vLLM's layout.  vLLM drafts a top-1 chain through the heads;
-    the tree (medusa_choices.json) is for Medusa/TGI-style runtimes."""
+    the tree (medusa_choices.json) is for runtimes that take Medusa choices."""
     from draftwise.build import load_backend
     from draftwise.heads.interchange import export_vllm
     from draftwise.optimize.select import load_tree_artifact

@@ -45,7 +45,8 @@ for draftwise's own heads, written under `original_lm_head` and as `lm_heads.{k}
 versions without it), and the draft vocabulary (`token_map`, `truncated_vocab_size`).  What it
 cannot: the tree.  vLLM drafts a top-1 chain (the argmax of heads 1..num_speculative_tokens)
 and reads neither `max_paths`, `topk` nor `medusa_choices.json`; the tree is there for
-Medusa/TGI-style runtimes (FasterDecoding's `medusa_choices`) and for draftwise.
+runtimes that take Medusa choices (FasterDecoding's `medusa_generate(medusa_choices=...)`) and
+for draftwise (`--tree`).  Sampled children and exact rejection verification stay draftwise's.
 """
 
 from __future__ import annotations
@@ -457,8 +458,8 @@ def export_vllm(headset_dir: Path, out: Path, tree: Template | Sequence[Sequence
     """Write `out` in vLLM's Medusa layout from a draftwise Medusa head set.  `target`: a loaded
     backend (its binding is checked, its `token_weights()` read) or a `TokenWeights`; needed
     when the heads share the target's LM head.  `tree` (index paths; default: the chain through
-    every head) goes to `medusa_choices.json` for Medusa/TGI-style runtimes: vLLM drafts a top-1
-    chain and ignores it.  Tensors are written in the narrowest dtype that holds them exactly."""
+    every head) goes to `medusa_choices.json` for runtimes that take Medusa choices: vLLM drafts
+    a top-1 chain and ignores it.  Tensors are written in the narrowest dtype that holds them exactly."""
     headset = load_heads(headset_dir)
     arch = headset.arch
     if arch.family != "medusa":
