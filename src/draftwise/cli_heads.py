@@ -82,7 +82,77 @@ def info(directory: Path = typer.Argument(..., help="a head-set artifact")) -> N
         heads = load_heads(directory)
     except DraftwiseError as exc:
         _fail(str(exc))
+    imported = heads.provenance.get("imported")
     print(json.dumps({"arch": heads.arch.as_dict(), "target": heads.target.__dict__,
                       "manifest_hash": heads.manifest_hash,
                       "recipe": heads.provenance.get("recipe"),
-                      "validation": heads.provenance.get("metrics", {}).get("validation")}, indent=2))
+                      "validation": heads.provenance.get("metrics", {}).get("validation"),
+                      **({"imported": {k: v for k, v in imported.items() if k != "config"}} if imported else {})},
+                     indent=2))
+
+
+@heads_app.command("import")
+def import_heads(
+    source: Path = typer.Argument(..., help="a Medusa checkpoint directory: FasterDecoding/TGI (config.json, "
+                                            "medusa_lm_head.safetensors) or vLLM (config.json, *.safetensors)"),
+    out: Path = typer.Option(..., "--out", help="head-set artifact directory to write"),
+    target: str = typer.Option(..., "--target", help="the model the heads were trained on (the transformers backend "
+                                                     "loads it): its checkpoint and tokenizer are bound, its LM head "
+                                                     "checked against the heads'"),
+    heads: Optional[int] = typer.Option(None, "--heads", help="import the first N heads only (for a config whose "
+                                                             "head count is wrong)"),
+) -> None:
+    """Import Medusa heads from FasterDecoding/Medusa, text-generation-inference or vLLM (safetensors
+    only: a .pt/.bin pickle is refused, never loaded)."""
+    from draftwise.build import load_backend
+    from draftwise.heads.interchange import import_medusa
+
+    try:
+        backend = load_backend(target, "transformers")
+        manifest = import_medusa(source, backend.info.checkpoint, backend.info.tokenizer_hash, out,
+                                 token_weights=backend.token_weights(), num_heads=heads)  # type: ignore[attr-defined]
+    except DraftwiseError as exc:
+        _fail(str(exc))
+    imported = manifest.provenance["imported"]
+    print(json.dumps({"out": str(out), "arch": manifest.provenance["arch"], "target": manifest.provenance["target"],
+                      "layout": imported["layout"], "lm_head": imported["lm_head"],
+                      "source_heads": imported["source_heads"],
+                      "source_base_model": imported["config"].get("base_model_name_or_path"),
+                      "manifest_hash": manifest.hash}, indent=2))
+
+
+@heads_app.command("export")
+def export_heads(
+    directory: Path = typer.Argument(..., help="a draftwise Medusa head set"),
+    out: Path = typer.Option(..., "--out", help="directory to write vLLM's layout into (config.json, "
+                                                "model.safetensors, medusa_choices.json, manifest.json)"),
+    target: Optional[str] = typer.Option(None, "--target", help="the head set's target (the transformers backend "
+                                                                "loads it); needed when the heads end in its LM head"),
+    tree: Optional[str] = typer.Option(None, "--tree", help="index paths for Medusa-style runtimes (JSON, chain:3, "
+                                                            "wbd:2,2,1, cartesian:3,2, or a `tree optimize` "
+                                                            "directory); default: a chain through every head"),
+) -> None:
+    """Export a Medusa head set in vLLM's layout.  vLLM drafts a top-1 chain through the heads;
+    the tree (medusa_choices.json) is for runtimes that take Medusa choices."""
+    from draftwise.build import load_backend
+    from draftwise.heads.interchange import export_vllm
+    from draftwise.optimize.select import load_tree_artifact
+    from draftwise.topology.tree_spec import TreeArtifact, TreeTemplate, parse_tree
+
+    try:
+        paths = None
+        if tree is not None:
+            spec = parse_tree(tree)
+            if isinstance(spec, TreeTemplate):
+                paths = spec.paths
+            elif isinstance(spec, TreeArtifact):
+                paths = load_tree_artifact(spec.directory).choice.paths
+            else:
+                raise InputError("--tree auto is chosen for a decoding run; give index paths or a `tree optimize` "
+                                 "directory")
+        backend = load_backend(target, "transformers") if target is not None else None
+        manifest = export_vllm(directory, out, paths, target=backend)
+    except DraftwiseError as exc:
+        _fail(str(exc))
+    print(json.dumps({"out": str(out), "layout": "vllm", "tree": manifest.provenance["tree"],
+                      "manifest_hash": manifest.hash}, indent=2))

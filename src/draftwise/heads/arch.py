@@ -7,6 +7,9 @@ for depth i - 1's choice.  Both end in the target's own (frozen) LM head, restri
 draft vocabulary: the rows of the most frequent tokens of the training data (`token_map`),
 because on a CPU the full LM head costs a fifth of the 135M model per row.  q is then zero
 outside the map and stays normalized over it.
+
+Medusa heads imported from other projects (`interchange`) carry their own LM head per head
+instead (`HeadArch.own_lm_head`): [V_d, d] each, rows aligned with the same `token_map`.
 """
 
 from __future__ import annotations
@@ -31,17 +34,21 @@ class HeadArch:
     layers: int  # residual blocks per head (Hydra: after its input projection)
     vocab_size: int  # the target's vocabulary V
     draft_vocab: int  # rows of the draft vocabulary (== vocab_size: the full LM head)
+    own_lm_head: bool = False  # Medusa only: each head ends in its own [V_d, d] LM head, not the target's
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise InputError(f"head family must be one of {FAMILIES}, got {self.family!r}")
+        if self.own_lm_head and self.family != "medusa":
+            raise InputError(f"own LM heads are a Medusa layout; {self.family} heads share the target's")
         if self.num_heads < 1 or self.layers < 1:
             raise InputError(f"a head set needs >= 1 head and >= 1 layer, got {self.num_heads} and {self.layers}")
         if not 0 < self.draft_vocab <= self.vocab_size:
             raise InputError(f"draft vocabulary of {self.draft_vocab} rows for a vocabulary of {self.vocab_size}")
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """own_lm_head only when set: a shared-LM-head set keeps the dict (and the hashes) it had."""
+        return {k: v for k, v in asdict(self).items() if k != "own_lm_head" or v}
 
 
 class ResBlock(nn.Module):
@@ -57,7 +64,8 @@ class ResBlock(nn.Module):
 
 
 class MedusaHeads(nn.Module):
-    """K independent heads over one state: [B, d] -> [K, B, d] (the LM head comes after)."""
+    """K independent heads over one state: [B, d] -> [K, B, d] (the LM head comes after: the
+    target's, restricted to the draft vocabulary, or with `own_lm_head` head k's `lm_heads[k]`)."""
 
     def __init__(self, arch: HeadArch) -> None:
         super().__init__()
@@ -65,6 +73,10 @@ class MedusaHeads(nn.Module):
         self.blocks = nn.ModuleList(
             nn.Sequential(*(ResBlock(arch.hidden_size) for _ in range(arch.layers))) for _ in range(arch.num_heads)
         )
+        if arch.own_lm_head:  # [V_d, d] each, rows aligned with the head set's token_map
+            self.lm_heads = nn.ModuleList(
+                nn.Linear(arch.hidden_size, arch.draft_vocab, bias=False) for _ in range(arch.num_heads)
+            )
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:  # h [B, d]
         return torch.stack([block(h) for block in self.blocks])  # [K, B, d]
@@ -72,6 +84,13 @@ class MedusaHeads(nn.Module):
     def head(self, i: int, h: torch.Tensor) -> torch.Tensor:
         """Depth i (1-based) alone: [B, d] -> [B, d]."""
         return self.blocks[i - 1](h)
+
+    def logits(self, states: torch.Tensor, vocab: DraftVocab) -> torch.Tensor:
+        """Draft-vocabulary logits of depths 1..D: states [D, ..., d] (row i - 1: depth i's state)
+        -> [D, ..., V_d].  Shared LM head: one product for every depth."""
+        if not self.arch.own_lm_head:
+            return vocab.logits(states)
+        return torch.stack([state @ self.lm_heads[i].weight.T for i, state in enumerate(states)])
 
 
 class HydraHead(nn.Module):

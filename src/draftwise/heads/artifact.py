@@ -1,7 +1,8 @@
 """A trained head set on disk (HEADS.md section 9): `heads.safetensors` (the head weights in
-bf16, and `token_map`, the draft vocabulary as target ids) and a manifest binding the target
-checkpoint and tokenizer, the architecture, the recipe and the training metrics.  Loading
-re-checks every checksum and refuses a head set trained for another target or tokenizer."""
+bf16 (imported ones: the narrowest dtype that holds them exactly), and `token_map`, the draft
+vocabulary as target ids) and a manifest binding the target checkpoint and tokenizer, the
+architecture, the recipe and the training metrics.  Loading re-checks every checksum and
+refuses a head set trained for another target or tokenizer."""
 
 from __future__ import annotations
 
@@ -58,9 +59,10 @@ class HeadSet:
 
 
 def save_heads(directory: Path, arch: HeadArch, heads: MedusaHeads | HydraHeads, token_map: torch.Tensor,
-               target: HeadTarget, provenance: Mapping[str, Any]) -> Manifest:
-    """Write the artifact atomically (a failure leaves the old one in place)."""
-    tensors = {name: value.detach().to(torch.bfloat16).contiguous() for name, value in heads.state_dict().items()}
+               target: HeadTarget, provenance: Mapping[str, Any], dtype: torch.dtype = torch.bfloat16) -> Manifest:
+    """Write the artifact atomically (a failure leaves the old one in place).  `dtype`: of the
+    weights on disk (imported heads keep their source's precision; loading reads any)."""
+    tensors = {name: value.detach().to(dtype).contiguous() for name, value in heads.state_dict().items()}
     tensors[TOKEN_MAP] = token_map.detach().to(torch.int64).contiguous()
     with staged_artifact(Path(directory), KIND) as staging:
         save_file(tensors, str(staging / WEIGHTS), metadata={"family": arch.family})

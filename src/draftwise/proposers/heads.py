@@ -188,7 +188,7 @@ class HeadsProposer:
                 if medusa_logits is None:  # every depth from the one state: one stage
                     depth = max(depth_of)
                     states = torch.stack([self.headset.heads.head(i, h[None])[0] for i in range(1, depth + 1)])  # [D, d]
-                    medusa_logits = self.vocab.logits(states)  # [D, V_d]
+                    medusa_logits = self.headset.heads.logits(states, self.vocab)  # [D, V_d]
                 level_logits = medusa_logits[level - 1][None].expand(len(parents), -1)  # [P, V_d], one row shared
                 shared = True
             else:
