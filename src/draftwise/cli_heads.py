@@ -36,7 +36,8 @@ def _split(settings: list[str]) -> dict[str, str]:
 @heads_app.command()
 def train(
     family: str = typer.Option(..., "--family", help="medusa | hydra"),
-    out: Path = typer.Option(..., "--out", help="head-set artifact directory to write"),
+    out: Optional[Path] = typer.Option(None, "--out", help="head-set artifact directory to write (default: the cache, "
+                                                          "where the family finds it for this target)"),
     target: str = typer.Option("smollm2-135m", "--target", help="target model (the transformers backend loads it)"),
     preset: Optional[str] = typer.Option(None, "--preset", help="a published recipe scaled to a CPU: medusa-1 | hydra"),
     settings: List[str] = typer.Option([], "--set", help="KEY=VALUE of the recipe or the corpus (see --help-keys)"),
@@ -66,8 +67,14 @@ def train(
             import torch
 
             torch.set_num_threads(threads)
+        if out is None:
+            from draftwise.heads.defaults import trained_path
+            from draftwise.models import resolve
+
+            out = trained_path(recipe.family, resolve(target).checkpoint_id)
         with progress_to(lambda line: err.print(line, style="dim", markup=False, highlight=False)):
             provenance = run_training(TrainingRun(target, out, corpus, recipe, work, batch))
+        err.print(f"heads written to {out}")
     except DraftwiseError as exc:
         _fail(str(exc))
     print(json.dumps(provenance["metrics"], indent=2))
@@ -95,7 +102,8 @@ def info(directory: Path = typer.Argument(..., help="a head-set artifact")) -> N
 def import_heads(
     source: Path = typer.Argument(..., help="a Medusa checkpoint directory: FasterDecoding/TGI (config.json, "
                                             "medusa_lm_head.safetensors) or vLLM (config.json, *.safetensors)"),
-    out: Path = typer.Option(..., "--out", help="head-set artifact directory to write"),
+    out: Optional[Path] = typer.Option(None, "--out", help="head-set artifact directory to write (default: the cache, "
+                                                          "where the family finds it for this target)"),
     target: str = typer.Option(..., "--target", help="the model the heads were trained on (the transformers backend "
                                                      "loads it): its checkpoint and tokenizer are bound, its LM head "
                                                      "checked against the heads'"),

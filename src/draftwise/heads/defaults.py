@@ -1,5 +1,7 @@
-"""Head sets shipped inside the package (`draftwise/data/heads/<family>-<model>/`): found by
-the family and the target checkpoint their manifest is bound to."""
+"""Where a head family finds its heads when none are named: the sets shipped inside the
+package (`draftwise/data/heads/<family>-<model>/`), then the sets `draftwise heads train`
+wrote into the cache (`<cache>/heads/<family>-<checkpoint>/`), each found by the family and
+the target checkpoint its manifest is bound to."""
 
 from __future__ import annotations
 
@@ -8,13 +10,24 @@ from pathlib import Path
 
 from draftwise.errors import InputError
 
+from draftwise.models import cache_dir
+
 SHIPPED = Path(__file__).resolve().parent.parent / "data" / "heads"
 
 
-def shipped_heads() -> list[tuple[str, str, Path]]:
-    """(family, target checkpoint, directory) of every shipped head set (manifests read, not verified)."""
+def trained_root() -> Path:
+    return cache_dir().parent / "heads"
+
+
+def trained_path(family: str, checkpoint: str) -> Path:
+    """Where `draftwise heads train` writes a set by default."""
+    return trained_root() / f"{family}-{checkpoint.replace('@', '-')}"
+
+
+def shipped_heads(root: Path = SHIPPED) -> list[tuple[str, str, Path]]:
+    """(family, target checkpoint, directory) of every head set under `root` (manifests read, not verified)."""
     found = []
-    for manifest in sorted(SHIPPED.glob("*/manifest.json")):
+    for manifest in sorted(root.glob("*/manifest.json")):
         try:
             provenance = json.loads(manifest.read_text())["provenance"]
             found.append((str(provenance["family"]), str(provenance["target"]["checkpoint"]), manifest.parent))
@@ -24,7 +37,7 @@ def shipped_heads() -> list[tuple[str, str, Path]]:
 
 
 def default_heads(family: str, checkpoint: str) -> Path:
-    for name, target, directory in shipped_heads():
+    for name, target, directory in [*shipped_heads(), *shipped_heads(trained_root())]:
         if name == family and target == checkpoint:
             return directory
     raise InputError(f"no {family} heads ship for {checkpoint}; train a set (draftwise heads train --family {family} "
