@@ -36,6 +36,8 @@ class CorpusRecipe:
     answer_tokens: int = option(192, help="longest answer, in tokens")
     prompt_tokens: int = option(384, help="longer first turns are skipped")
     scan: int = option(20000, help="ShareGPT conversations read to draw the prompts from")
+    shortest: int = option(0, help="keep only this many conversations, those with the shortest prompts (0: all); "
+                                   "a CPU budget that keeps the recipe reproducible")
     seed: int = option(0, help="which conversations are drawn")
 
     def __post_init__(self) -> None:

@@ -3,7 +3,9 @@ kept on the way (the hidden state of every fed token is the final-norm output of
 read it), so the answers and the hidden-state cache cost one pass, not two.
 
 Prompts are left-padded in batches of similar length; each finished batch is written as a
-chunk (safetensors), so an interrupted run resumes at the first missing chunk.  The last
+chunk (safetensors) that records the hash of its prompts and of the generation settings, so an
+interrupted run resumes at the first missing chunk and never reuses a chunk made for other
+prompts.  The last
 answer token of each sample is never fed back, so its hidden row is zero: no training row
 reads it (a row reads hidden[t - 1] with t + i still inside the segment).
 """
@@ -16,7 +18,10 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+
+from draftwise.artifacts import stable_hash
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +36,9 @@ def distill_chunks(prompts: Sequence[Sequence[int]], model, eos: frozenset[int],
     started, produced = time.perf_counter(), 0
     for number, members in enumerate(batches):
         path = directory / f"chunk-{number:04d}.safetensors"
-        if path.is_file():
+        key = stable_hash({"prompts": [[int(t) for t in prompts[i]] for i in members], "max_new": max_new,
+                           "eos": sorted(eos)})
+        if path.is_file() and _chunk_key(path) == key:
             saved = load_file(str(path))
             for j, index in enumerate(members):
                 results[index] = (saved[f"answer.{j}"].tolist(), saved[f"hidden.{j}"])
@@ -43,11 +50,16 @@ def distill_chunks(prompts: Sequence[Sequence[int]], model, eos: frozenset[int],
             tensors[f"answer.{j}"] = torch.tensor(answer, dtype=torch.int64)
             tensors[f"hidden.{j}"] = hidden
             produced += len(answer)
-        save_file(tensors, str(directory / "chunk.partial"))
+        save_file(tensors, str(directory / "chunk.partial"), metadata={"key": key})
         (directory / "chunk.partial").replace(path)
         log.info("self-distillation: batch %d/%d (%d answer tokens, %.0f tokens/s)", number + 1, len(batches),
                  produced, produced / (time.perf_counter() - started))
     return [results[i] for i in range(len(prompts))]
+
+
+def _chunk_key(path: Path) -> str | None:
+    with safe_open(str(path), framework="pt") as handle:
+        return (handle.metadata() or {}).get("key")
 
 
 def _generate(prompts: list[Sequence[int]], model, eos: frozenset[int], max_new: int) -> list[tuple[list[int], torch.Tensor]]:

@@ -68,6 +68,9 @@ def hidden_stream(run: TrainingRun, target) -> tuple[HiddenStream, dict]:
         # batched greedy answers on the transformers target, hidden states kept on the way
         prompts = [(c, target.chat_prompt([{"role": "user", "content": c.question}])) for c in conversations]
         prompts = [(c, p) for c, p in prompts if len(p) <= run.corpus.prompt_tokens]
+        if run.corpus.shortest:  # a stable sort: the same conversations, batched as without the cut
+            keep = set(sorted(range(len(prompts)), key=lambda i: len(prompts[i][1]))[: run.corpus.shortest])
+            prompts = [pair for i, pair in enumerate(prompts) if i in keep]
         answered = distill_chunks([p for _, p in prompts], target.model, target.info.eos_token_ids,
                                   run.corpus.answer_tokens, run.batch, work / "distill")
         samples = [Sample(c.key, c.split, tuple(p), tuple(a)) for (c, p), (a, _) in zip(prompts, answered)]

@@ -166,7 +166,7 @@ def train_heads(recipe: TrainRecipe, stream: HiddenStream, lm_head: torch.Tensor
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            running += float(loss)
+            running += float(loss.detach())
             if (step + 1) % 50 == 0:
                 log.info("%s epoch %d/%d step %d/%d loss %.3f (%.0f s)", arch.family, epoch + 1, recipe.epochs,
                          step + 1, steps_per_epoch, running / 50, time.perf_counter() - started)
