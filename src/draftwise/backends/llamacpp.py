@@ -27,6 +27,15 @@ and `seq_rm(s)` hand the cells back to sequence 0.  The prefix is never re-evalu
 
 Logits come back as a zero-copy view of llama.cpp's output buffer: valid until the next
 `extend` or `verify` overwrites it.
+
+Hidden states (`track_hidden`, for draft heads): every context is created with pooling type
+NONE (per-token embeddings) and embeddings off; once tracking, each verify decode runs with embeddings on
+(`llama_set_embeddings`, no new context), so llama.cpp also returns the final-norm row of every
+output row (the LM head's input), copied beside the logits.  llama.cpp outputs EVERY row of a
+batch while embeddings are on, so a prefill keeps them off: the engine's prompt (`unread`) needs
+no hidden state, and a tracked `extend` reads all but its last token with embeddings off and
+that token alone with them on.  The LM head and token embedding (`token_weights`) are read from
+the GGUF file itself (`gguf`, dequantized to float32) once and cached.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from draftwise.backends.base import (
     BackendError,
     BackendInfo,
     ContextOverflow,
+    TokenWeights,
     check_grows,
     check_path,
 )
@@ -99,7 +109,14 @@ def _new_context(model, n_ctx: int, n_seq: int, threads: int, path: str):
     cparams.type_k = _KV_TYPE
     cparams.type_v = _KV_TYPE
     cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED  # llama-cpp-python's default
+    cparams.embeddings = False  # switched on per decode (llama_set_embeddings) when hidden states are tracked
     ctx = llama_cpp.llama_init_from_model(model, cparams)
+    if ctx and llama_cpp.llama_pooling_type(ctx) != llama_cpp.LLAMA_POOLING_TYPE_NONE:
+        # hidden states are per-token embeddings: pooling NONE, which a causal LM that declares
+        # no pooling gets by default (asking for it explicitly makes llama.cpp warn on those)
+        llama_cpp.llama_free(ctx)
+        cparams.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_NONE
+        ctx = llama_cpp.llama_init_from_model(model, cparams)
     if not ctx:
         raise BackendError(f"llama.cpp could not create a context (n_ctx={n_ctx}, n_seq_max={n_seq}) for {path!r}")
     return ctx
@@ -126,6 +143,12 @@ class LlamaCppBackend:
         # sequence -> the candidate row its path ends at: a chain lives in sequence 0, leaf i of a
         # tree in sequence i + 1; every provisional row lies on the path of some sequence
         self._seq_end: dict[int, int] = {}
+        self._n_embd = int(llama_cpp.llama_model_n_embd(model))
+        self._track = False  # keep hidden states (draft heads read them)
+        self._embd_on = False  # the context's llama_set_embeddings flag
+        self._rows_hidden: np.ndarray | None = None  # [1 + N, d] of the provisional rows (pending first)
+        self._frontier: np.ndarray | None = None  # [d] of committed row cached_len - 1
+        self._weights: TokenWeights | None = None  # read from the GGUF on first use
         self._handles = _Handles(model, ctx)
         self._finalizer = weakref.finalize(self, _Handles.free, self._handles)
 
@@ -184,6 +207,7 @@ class LlamaCppBackend:
         llama_cpp.llama_free(self._handles.ctx)
         self._handles.ctx = self._ctx = ctx
         self._mem = llama_cpp.llama_get_memory(ctx)
+        self._embd_on = False
         self.max_tree_leaves = leaves
         self._batch = NumpyBatch(max(_N_BATCH, self.info.max_verify_rows), leaves + 1)
         self.reset()
@@ -194,6 +218,33 @@ class LlamaCppBackend:
         self._pending_rows = 0
         self._round = None
         self._seq_end = {}
+        self._rows_hidden = None
+        self._frontier = None
+
+    # ---- hidden states (draft heads) ------------------------------------------------------------
+    def track_hidden(self) -> None:
+        self._track = True
+
+    def frontier_hidden(self) -> np.ndarray | None:
+        return self._frontier
+
+    def token_weights(self) -> TokenWeights:
+        if self._weights is None:
+            self._weights = gguf_token_weights(self._path, self.info.vocab_size, self._n_embd)
+        return self._weights
+
+    def _embeddings(self, on: bool) -> None:
+        """Switch the context's embedding output (llama.cpp outputs every row of a batch while on)."""
+        if on != self._embd_on:
+            llama_cpp.llama_set_embeddings(self._ctx, on)
+            self._embd_on = on
+
+    def _hidden_rows(self, rows: int) -> np.ndarray:
+        """[rows, d] copy of the last decode's final-norm rows (the buffer is reused by the next decode)."""
+        pointer = llama_cpp.llama_get_embeddings(self._ctx)
+        if not pointer:
+            raise BackendError("llama.cpp returned no embeddings for a decode with embeddings on")
+        return np.ctypeslib.as_array(pointer, shape=(rows, self._n_embd)).copy()  # [R, d]
 
     def _decode(self, what: str) -> None:
         code = llama_cpp.llama_decode(self._ctx, self._batch.struct)
@@ -213,13 +264,24 @@ class LlamaCppBackend:
         return np.ctypeslib.as_array(llama_cpp.llama_get_logits(self._ctx), shape=(rows, self._n_vocab))  # [R, V]
 
     def extend(self, tokens: Sequence[int]) -> NumpyLogits:
+        return self._extend(tokens, hidden=self._track)
+
+    def _extend(self, tokens: Sequence[int], hidden: bool) -> NumpyLogits:
+        """Commit `tokens`; with `hidden`, the last token's final-norm row becomes the frontier
+        (that token is decoded alone with embeddings on; the rest with them off, one output)."""
         if self._pending_rows:
             raise BackendError("extend() while a verify is provisional; commit or roll back first")
         if not len(tokens):
             raise BackendError("extend() needs at least one token")
         self._check_room(len(tokens))
-        for start in range(0, len(tokens), _N_BATCH):
-            chunk = tokens[start : start + _N_BATCH]
+        self._frontier = None
+        body = tokens[:-1] if hidden else tokens
+        chunks = [body[start : start + _N_BATCH] for start in range(0, len(body), _N_BATCH)]
+        if hidden:
+            chunks.append(tokens[-1:])
+        for i, chunk in enumerate(chunks):
+            last = i == len(chunks) - 1
+            self._embeddings(hidden and last)
             self._batch.set_sequence(chunk, self._committed, last_logits_only=True)
             try:
                 self._decode("extend")
@@ -227,6 +289,8 @@ class LlamaCppBackend:
                 self.truncate(self._committed)  # drop the chunk's partial cells, keep what was committed
                 raise
             self._committed += len(chunk)
+        if hidden:
+            self._frontier = self._hidden_rows(1)[0]
         # a copy: prefill is rare and callers may keep these logits across the next verify
         return NumpyLogits(self._logits_view(1).copy())  # [1, V]
 
@@ -235,14 +299,17 @@ class LlamaCppBackend:
             raise BackendError("verify() while a previous verify is provisional; commit or roll back first")
         if len(unread):
             # a decode of their own: a prompt may exceed one batch, and on these CPU kernels a
-            # row costs about the same inside or outside the round's batch
-            self.extend(unread)
+            # row costs about the same inside or outside the round's batch; the prompt's rows
+            # need no hidden state (the verify's own rows carry the next one)
+            self._extend(unread, hidden=False)
         t = self._committed
+        self._embeddings(self._track)
         if round_ is None:
             self._check_room(1)
             self._batch.set_one(int(pending), t)
             self._decode_or_drop("verify", t)
             self._pending_rows = 1
+            self._rows_hidden = self._hidden_rows(1) if self._track else None
             return NumpyLogits(self._logits_view(1))  # [1, V]
         n = round_.n
         if 1 + n > self.info.max_verify_rows:
@@ -259,6 +326,7 @@ class LlamaCppBackend:
         else:
             self._verify_tree(round_, tokens, positions)
         self._pending_rows = 1 + n
+        self._rows_hidden = self._hidden_rows(1 + n) if self._track else None
         return NumpyLogits(self._logits_view(1 + n))  # [1+N, V]
 
     def verify_more(self, round_: CompiledRound, first_row: int) -> NumpyLogits:
@@ -300,11 +368,14 @@ class LlamaCppBackend:
         self._round = round_
         self._pending_rows = 1 + n  # before the decode: a failure below rolls back every provisional row
         self._batch.set_tree(round_.token_ids[first_row:], round_.position_ids[first_row:], member)
+        self._embeddings(self._track)
         try:
             self._decode("verify_more")
         except BackendError:
             self.rollback()
             raise
+        if self._rows_hidden is not None:
+            self._rows_hidden = np.concatenate([self._rows_hidden, self._hidden_rows(n - first_row)])  # [1+N, d]
         return NumpyLogits(self._logits_view(n - first_row))  # [M, V]
 
     def _verify_tree(self, round_: CompiledRound, tokens: np.ndarray, positions: np.ndarray) -> None:
@@ -351,6 +422,9 @@ class LlamaCppBackend:
         self._committed = end
         self._pending_rows = 0
         self._round, self._seq_end = None, {}
+        if self._rows_hidden is not None:  # the last kept row predicted the new pending token
+            self._frontier = self._rows_hidden[accepted_rows[-1] + 1 if k else 0]
+            self._rows_hidden = None
 
     def _seq_through(self, accepted_rows: Sequence[int]) -> int:
         """A sequence holding the accepted rows (0 when none is accepted and sequence 0 is the
@@ -373,6 +447,7 @@ class LlamaCppBackend:
             self._seq_rm(0, self._committed)
         self._pending_rows = 0
         self._round, self._seq_end = None, {}
+        self._rows_hidden = None
 
     def _drop_tree(self, t: int) -> None:
         llama_cpp.llama_memory_seq_keep(self._mem, 0)  # frees tree cells, strips leaf tags from the prefix
@@ -384,6 +459,7 @@ class LlamaCppBackend:
         if length < self._committed:
             self._seq_rm(0, length)
             self._committed = length
+            self._frontier = None
 
     def _seq_rm(self, seq: int, start: int) -> None:
         if not llama_cpp.llama_memory_seq_rm(self._mem, seq, start, -1):
@@ -416,6 +492,32 @@ class LlamaCppBackend:
 
     def _token_text(self, token: int) -> str:
         return "" if token < 0 else (llama_cpp.llama_vocab_get_text(self._vocab, token) or b"").decode("utf-8", "replace")
+
+
+def gguf_token_weights(path: str, vocab_size: int, n_embd: int) -> TokenWeights:
+    """The token embedding and LM head of a GGUF file, dequantized to float32 [V, d] (one array
+    when tied: no `output.weight`).  GGUF lists dims fastest first ([d, V]); the reader's arrays
+    are row-major [V, ...], which dequantize turns into [V, d]."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    tensors = {t.name: t for t in reader.tensors if t.name in ("token_embd.weight", "output.weight")}
+    if "token_embd.weight" not in tensors:
+        raise BackendError(f"{path!r} has no token_embd.weight tensor")
+
+    def read(name: str) -> np.ndarray:
+        tensor = tensors[name]
+        try:
+            values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        except NotImplementedError as exc:
+            raise BackendError(f"gguf cannot dequantize {name} ({tensor.tensor_type.name}) of {path!r}") from exc
+        values = np.ascontiguousarray(values, dtype=np.float32)
+        if values.shape != (vocab_size, n_embd):
+            raise BackendError(f"{name} of {path!r} reads as {list(values.shape)}, expected [{vocab_size}, {n_embd}]")
+        return values
+
+    embed = read("token_embd.weight")
+    return TokenWeights(embed, read("output.weight") if "output.weight" in tensors else embed)
 
 
 def _deepest_ancestor_before(round_: CompiledRound, row: int, first_row: int) -> int:
