@@ -59,10 +59,15 @@ class HeadsConfig:
                                         "`tree optimize` directory, or auto; none: a chain through every head")
     relation: SamplingRelation = option(SamplingRelation.BEAM, help="children: beam (top-k) | iid | "
                                                                     "without_replacement (drawn from the head's q)")
+    # like transformers' assistant_confidence_threshold: rows are spent only where the heads are sure
+    confidence: float = option(0.0, help="drop top-k candidates whose head probability is below this (sampled "
+                                         "children: stop expanding below them); 0 keeps the whole tree")
 
     def __post_init__(self) -> None:
         if self.relation not in RELATIONS:
             raise InputError(f"head children are {', '.join(r.value for r in RELATIONS)}, not {self.relation.value}")
+        if not 0.0 <= self.confidence < 1.0:
+            raise InputError(f"confidence must be in [0, 1), got {self.confidence}")
 
     @property
     def template(self) -> Template | None:
@@ -179,9 +184,13 @@ class HeadsProposer:
         rows: dict[int, np.ndarray] = {}
         self.last_seconds = {}
         medusa_logits: torch.Tensor | None = None
+        unsure: set[int] = set()  # template nodes below which nothing is drafted (sampled, under the threshold)
         for level in range(1, max(depth_of) + 1):
             clock = time.perf_counter()
-            members = [i for i, d in enumerate(depth_of) if d == level]
+            members = [i for i, d in enumerate(depth_of) if d == level
+                       and (slots[i].parent == -1 or (slots[i].parent in node_of and slots[i].parent not in unsure))]
+            if not members:
+                break
             parents = sorted({slots[i].parent for i in members})
             parent_nodes = [-1 if p == -1 else node_of[p] for p in parents]
             if isinstance(self.headset.heads, MedusaHeads):
@@ -198,12 +207,17 @@ class HeadsProposer:
                 level_logits = self.vocab.logits(self.headset.heads.head(level, u))  # [P, V_d]
                 shared = False
             probs = self._policy.probs(level_logits[:1].numpy() if shared else level_logits.numpy())  # [P or 1, V_d]
+            sure = torch.softmax(level_logits, dim=-1) if self.config.confidence else None  # [P, V_d] raw head law
             for k, (parent, parent_node) in enumerate(zip(parents, parent_nodes)):
                 q = probs[0 if shared else k]  # [V_d]
                 rows[parent_node] = q if not shared else probs[0]
                 chosen = self._children(q, level_logits[k], widths[parent])
                 for i in [m for m in members if slots[m].parent == parent]:
                     index = chosen[slots[i].slot]
+                    if sure is not None and float(sure[k, index]) < self.config.confidence:
+                        if self.contract.relation is SamplingRelation.BEAM:
+                            continue  # deterministic candidates: any subset verifies exactly (greedy, membership)
+                        unsure.add(i)  # a drawn child is verified whatever its value; only its subtree goes
                     token = int(self.token_map[index])
                     node_of[i] = len(nodes)
                     tokens_of[len(nodes)] = tokens_of[parent_node] + [token]
