@@ -52,12 +52,14 @@ class HeadArch:
 
 
 class ResBlock(nn.Module):
-    """x + SiLU(W x + b); W starts at zero, so an untrained block is the identity."""
+    """x + SiLU(W x + b); W and b start at zero, so an untrained block is the identity (with
+    nn.Linear's random bias it would add SiLU(b) to every state)."""
 
     def __init__(self, d: int) -> None:
         super().__init__()
         self.linear = nn.Linear(d, d)
         nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., d] -> [..., d]
         return x + nn.functional.silu(self.linear(x))
@@ -95,12 +97,13 @@ class MedusaHeads(nn.Module):
 
 class HydraHead(nn.Module):
     """One dependent head: [B, (i+1) d] -> [B, d].  The projection adds to h_{t-1} and starts
-    at zero, so an untrained head reads like the LM head on the previous state."""
+    at zero (weight and bias), so an untrained head reads like the LM head on the previous state."""
 
     def __init__(self, d: int, inputs: int, layers: int) -> None:
         super().__init__()
         self.project = nn.Linear(inputs * d, d)
         nn.init.zeros_(self.project.weight)
+        nn.init.zeros_(self.project.bias)
         self.blocks = nn.Sequential(*(ResBlock(d) for _ in range(layers)))
         self.d = d
 
