@@ -138,6 +138,7 @@ class HeadsProposer:
         self.vocab = DraftVocab(torch.from_numpy(weights.lm_head), heads.token_map)
         self.embed = torch.from_numpy(weights.embed) if heads.arch.family == "hydra" else None  # [V, d]
         self.token_map = heads.token_map.numpy()  # [V_d]
+        self.draft_index = self.vocab.index_of().numpy()  # [V] target id -> draft index, -1 outside the map
         template = config.template
         self.template = chain(heads.arch.num_heads) if template is None else template
         if max_depth(self.template) > heads.arch.num_heads:
@@ -211,31 +212,43 @@ class HeadsProposer:
             for k, (parent, parent_node) in enumerate(zip(parents, parent_nodes)):
                 q = probs[0 if shared else k]  # [V_d]
                 rows[parent_node] = q if not shared else probs[0]
-                chosen = self._children(q, level_logits[k], widths[parent])
+                chosen = self._children(q, level_logits[k], widths[parent])  # target ids
                 for i in [m for m in members if slots[m].parent == parent]:
-                    index = chosen[slots[i].slot]
-                    if sure is not None and float(sure[k, index]) < self.config.confidence:
+                    token = chosen[slots[i].slot]
+                    index = int(self.draft_index[token])  # -1: outside the draft vocabulary, q = 0 there
+                    if sure is not None and (index < 0 or float(sure[k, index]) < self.config.confidence):
                         if self.contract.relation is SamplingRelation.BEAM:
                             continue  # deterministic candidates: any subset verifies exactly (greedy, membership)
                         unsure.add(i)  # a drawn child is verified whatever its value; only its subtree goes
-                    token = int(self.token_map[index])
                     node_of[i] = len(nodes)
                     tokens_of[len(nodes)] = tokens_of[parent_node] + [token]
-                    nodes.append(ProposalNode(token=token, parent=parent_node, depth=level, q=float(q[index]),
-                                              source=self.name))
+                    nodes.append(ProposalNode(token=token, parent=parent_node, depth=level,
+                                              q=float(q[index]) if index >= 0 else 0.0, source=self.name))
             self.last_seconds[f"head{level}"] = time.perf_counter() - clock
         return nodes, rows
 
     def _children(self, q: np.ndarray, logits: torch.Tensor, width: int) -> list[int]:
-        """Draft-vocabulary indices of a parent's `width` children, in slot order."""
+        """Target token ids of a parent's `width` children, in slot order (q [V_d])."""
         relation = self.contract.relation
         if relation is SamplingRelation.BEAM:
-            return logits.topk(width).indices.tolist()  # deterministic top-k of the head
-        drawn: list[int] = []
+            return [int(t) for t in self.token_map[logits.topk(width).indices.numpy()]]  # deterministic top-k of the head
+        if relation is SamplingRelation.IID:
+            return [int(self.token_map[sample(q, self._rng)]) for _ in range(width)]
+        drawn: list[int] = []  # draft indices
+        tokens: list[int] = []
         for _ in range(width):
-            law = without_replacement_q(q, drawn) if relation is SamplingRelation.WITHOUT_REPLACEMENT else q
-            drawn.append(sample(law, self._rng))
-        return drawn
+            rest = np.array(q, dtype=np.float64)
+            rest[drawn] = 0.0
+            if rest.sum() > 0.0:
+                drawn.append(sample(without_replacement_q(q, drawn), self._rng))
+                tokens.append(int(self.token_map[drawn[-1]]))
+            else:
+                # q is spent (a top-k or top-p policy left fewer tokens than children): Sequoia's
+                # fallback is uniform over the tokens not drawn yet, and its verifier reads that law
+                # over the target's whole vocabulary, so it is drawn there, not over the draft vocabulary
+                spent = np.zeros(self.headset.arch.vocab_size)  # [V]
+                tokens.append(sample(without_replacement_q(spent, tokens), self._rng))
+        return tokens
 
 
 def open_heads(name: str, config: HeadsConfig, resources: DrafterResources) -> HeadsProposer:
