@@ -99,6 +99,8 @@ def chi_square_p(counts: np.ndarray, joint: np.ndarray) -> float:
     samples = counts.sum()
     expected = joint.ravel() * samples
     big = expected >= 5
-    observed = np.append(counts.ravel()[big], counts.ravel()[~big].sum())
-    expected = np.append(expected[big], expected[~big].sum())
+    observed, pooled = counts.ravel()[big], expected[~big].sum()
+    expected = expected[big]
+    if pooled > 0:  # no small cell: no pooled cell (an empty one would read 0 / 0)
+        observed, expected = np.append(observed, counts.ravel()[~big].sum()), np.append(expected, pooled)
     return float(chisquare(observed, expected).pvalue)
