@@ -21,14 +21,17 @@ from tests.integration.tiny_models import chi_square_p
 
 
 def random_headset(family: str, target, seed: int, num_heads: int = 2, draft_vocab: int | None = None,
-                   gain: float = 1.0, layers: int = 1) -> HeadSet:
+                   gain: float = 1.0, layers: int = 1, lowest_ids: bool = False) -> HeadSet:
     """A head set bound to `target`, over a random draft vocabulary of `draft_vocab` tokens
-    (default: the whole vocabulary, in a shuffled order).  Weights are rounded to bf16, as an
+    (default: the whole vocabulary, in a shuffled order; `lowest_ids`: the ids 0..draft_vocab-1,
+    a BPE vocabulary's earliest, most common merges).  Weights are rounded to bf16, as an
     artifact stores them, so a saved and reloaded set is the same set."""
     weights = target.token_weights()
     vocab_size, d = weights.lm_head.shape
     g = torch.Generator().manual_seed(seed)
     token_map = torch.randperm(vocab_size, generator=g)[: draft_vocab or vocab_size]
+    if lowest_ids:
+        token_map = torch.arange(draft_vocab or vocab_size)
     arch = HeadArch(family, num_heads, d, layers, vocab_size, int(token_map.numel()))
     heads = make_heads(arch)
     with torch.no_grad():
