@@ -99,8 +99,10 @@ def chi_square_p(counts: np.ndarray, joint: np.ndarray) -> float:
     samples = counts.sum()
     expected = joint.ravel() * samples
     big = expected >= 5
-    observed, pooled = counts.ravel()[big], expected[~big].sum()
+    observed, pooled, pooled_observed = counts.ravel()[big], expected[~big].sum(), counts.ravel()[~big].sum()
     expected = expected[big]
+    if pooled == 0 and pooled_observed > 0:
+        return 0.0  # tokens the law never emits
     if pooled > 0:  # no small cell: no pooled cell (an empty one would read 0 / 0)
-        observed, expected = np.append(observed, counts.ravel()[~big].sum()), np.append(expected, pooled)
+        observed, expected = np.append(observed, pooled_observed), np.append(expected, pooled)
     return float(chisquare(observed, expected).pvalue)
