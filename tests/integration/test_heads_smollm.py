@@ -19,7 +19,7 @@ from tests.integration.tiny_heads import random_headset, save_headset
 pytestmark = pytest.mark.model
 NEW = 24
 CONFIG = GenerationConfig(max_new_tokens=NEW)
-TREE = "wbd:2,1,1"  # two branches three deep: every head, siblings at the root
+TREE = "wbd:2,1"  # two branches two deep (a random set has two heads: a round verifies 1 + 4 rows)
 TREE_PROMPTS = 4  # the tree on the first prompts only: a round costs more rows, the law is the same
 
 
@@ -49,7 +49,7 @@ def heads_dirs(target, tmp_path_factory):
         if directory is not None:
             out[family] = (directory, True)
             continue
-        headset = random_headset(family, target, seed=seed, num_heads=3, draft_vocab=8192, gain=0.5, lowest_ids=True)
+        headset = random_headset(family, target, seed=seed, num_heads=2, draft_vocab=8192, gain=0.5, lowest_ids=True)
         out[family] = (save_headset(tmp_path_factory.mktemp(family) / "heads", headset), False)
     return out
 
