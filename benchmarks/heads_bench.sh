@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 27's head benchmark: plain decoding, prompt lookup + cost gate, the peers' prompt
-# lookup, and the Medusa and Hydra heads (each with its best tree by tree=auto, and Hydra's
-# chain under the cost gate), greedy, 128 new tokens, interleaved question by question in ONE
+# lookup, and the Medusa and Hydra heads (each with its best tree by tree=auto; Hydra's chain
+# with a confidence cut, and under the cost gate), greedy, 128 new tokens, interleaved question by question in ONE
 # run per backend.  Usage:
 #   BACKEND=transformers|llamacpp [TARGET=smollm2-135m] [WORKLOAD="..."] bash heads_bench.sh OUT_DIR [bench flags, e.g. --resume]
 # The default workload is narrowed for a 2-core CPU session: one Spec-Bench development
@@ -17,6 +17,7 @@ if [ "$backend" = transformers ]; then
 else
   peers=(--method llamacpp-prompt-lookup)
 fi
+calibration="${CALIBRATION:-humaneval:160-163}"  # the auto trees calibrate off the timed questions
 extra=()
 if [ -n "${DRAFT:-}" ]; then
   extra=(--draft "$DRAFT" --method "dw-draft-model=dw:proposer=draft-model,backend=$backend,tree=auto")
@@ -26,7 +27,8 @@ exec .venv/bin/draftwise bench "${workload[@]}" --target "$target" \
   --method "dw-plain=dw:proposer=none,backend=$backend" \
   --method "dw-prompt-lookup-gate=dw:proposer=prompt-lookup,backend=$backend,gate=auto" \
   "${peers[@]}" \
-  --method "dw-medusa=dw:proposer=medusa,backend=$backend,tree=auto" \
-  --method "dw-hydra=dw:proposer=hydra,backend=$backend,tree=auto" \
-  --method "dw-hydra-chain-gate=dw:proposer=hydra,backend=$backend,gate=auto" \
+  --method "dw-medusa-auto=dw:proposer=medusa,backend=$backend,tree=auto,calibration=$calibration" \
+  --method "dw-hydra-auto=dw:proposer=hydra,backend=$backend,tree=auto,calibration=$calibration" \
+  --method "dw-hydra-conf=dw:proposer=hydra,backend=$backend,confidence=0.4" \
+  --method "dw-hydra-gate=dw:proposer=hydra,backend=$backend,gate=auto" \
   "${extra[@]}" "$@"
