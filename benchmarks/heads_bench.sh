@@ -5,19 +5,18 @@
 # run per backend.  Usage:
 #   BACKEND=transformers|llamacpp [TARGET=smollm2-135m] [WORKLOAD="..."] bash heads_bench.sh OUT_DIR [bench flags, e.g. --resume]
 # The default workload is narrowed for a 2-core CPU session: one Spec-Bench development
-# question per category (13 questions, 21 turns) and HumanEval 0-9.
+# question per category (13 questions, 21 turns) and HumanEval 2-11 (the auto trees calibrate on HumanEval 0-1, the default calibration workload).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="$1"; shift
 backend="${BACKEND:-transformers}"
 target="${TARGET:-smollm2-135m}"
-workload=(--workload "${WORKLOAD_CHAT:-spec-bench:all:13}" --workload "${WORKLOAD_CODE:-humaneval:0-9}")
+workload=(--workload "${WORKLOAD_CHAT:-spec-bench:all:13}" --workload "${WORKLOAD_CODE:-humaneval:2-11}")
 if [ "$backend" = transformers ]; then
   peers=(--method hf-prompt-lookup)
 else
   peers=(--method llamacpp-prompt-lookup)
 fi
-calibration="${CALIBRATION:-humaneval:160-163}"  # the auto trees calibrate off the timed questions
 extra=()
 if [ -n "${DRAFT:-}" ]; then
   extra=(--draft "$DRAFT" --method "dw-draft-model=dw:proposer=draft-model,backend=$backend,tree=auto")
@@ -27,8 +26,8 @@ exec .venv/bin/draftwise bench "${workload[@]}" --target "$target" \
   --method "dw-plain=dw:proposer=none,backend=$backend" \
   --method "dw-prompt-lookup-gate=dw:proposer=prompt-lookup,backend=$backend,gate=auto" \
   "${peers[@]}" \
-  --method "dw-medusa-auto=dw:proposer=medusa,backend=$backend,tree=auto,calibration=$calibration" \
-  --method "dw-hydra-auto=dw:proposer=hydra,backend=$backend,tree=auto,calibration=$calibration" \
+  --method "dw-medusa-auto=dw:proposer=medusa,backend=$backend,tree=auto" \
+  --method "dw-hydra-auto=dw:proposer=hydra,backend=$backend,tree=auto" \
   --method "dw-hydra-conf=dw:proposer=hydra,backend=$backend,confidence=0.4" \
   --method "dw-hydra-gate=dw:proposer=hydra,backend=$backend,gate=auto" \
   "${extra[@]}" "$@"
