@@ -229,3 +229,27 @@ def test_heads_decoder_identical_to_plain(backend, prompts_and_plain, tmp_path, 
         assert first.nodes == 0  # nothing read yet: no state, no proposal
         # every later round had the frontier state of the round before: the heads proposed
         assert all(r.nodes > 0 for r in rest if r.asked and r.depth_limit >= 1)
+
+
+@pytest.fixture(scope="module")
+def ten_prompts_and_plain(backend, spec_bench_prompts):
+    prompts = [backend.chat_prompt([{"role": "user", "content": t}]) for t in spec_bench_prompts[:10]]
+    config = GenerationConfig(max_new_tokens=NEW)
+    return prompts, [SpeculativeDecoder(backend, [], GreedyVerifier(), config).generate(p).tokens for p in prompts]
+
+
+@pytest.mark.parametrize("family,tree", [("medusa", None), ("hydra", None), ("hydra", "wbd:2,1"), ("medusa", "wbd:2,1")])
+def test_shipped_heads_on_llamacpp_match_plain_on_ten_spec_bench_prompts(backend, ten_prompts_and_plain, family, tree):
+    """The committed heads of the embedded model, read from llama.cpp's embeddings: greedy output
+    equals plain decoding (up to llama.cpp's batch-shape near-ties) and drafts are accepted."""
+    from draftwise.heads.defaults import default_heads
+
+    headset = load_heads(default_heads(family, backend.info.checkpoint))
+    proposer = HeadsProposer(family, backend, headset, HeadsConfig(tree=None if tree is None else parse_tree(tree)))
+    prompts, plain = ten_prompts_and_plain
+    accepted = 0
+    for prompt, reference in zip(prompts, plain):
+        result = SpeculativeDecoder(backend, [proposer], GreedyVerifier(), GenerationConfig(max_new_tokens=NEW)).generate(prompt)
+        assert_matches_plain(backend, prompt, result.tokens, reference)
+        accepted += sum(r.accepted for r in result.records)
+    assert accepted > 0  # trained heads: some drafts of the ten prompts were right
