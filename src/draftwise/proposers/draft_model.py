@@ -39,7 +39,7 @@ from draftwise.proposers.base import RoundFeedback
 from draftwise.proposers.family import CandidateShape, DrafterFamily, DrafterResources
 from draftwise.sampling import SamplingPolicy, sample
 from draftwise.topology.compile import TreeLimits, compile_round
-from draftwise.topology.tree_spec import TreeSpec, TreeTemplate, parse_tree, show_tree
+from draftwise.topology.tree_spec import TreeSpec, TreeTemplate, parse_tree, resolved_template, show_tree
 from draftwise.topology.templates import Template, cartesian, max_depth, max_depth as max_depth_of, num_children, slots_by_parent
 from draftwise.verify.sequoia import without_replacement_q
 
@@ -74,9 +74,7 @@ class DraftConfig:
     @property
     def template(self) -> Template | None:
         """The paths drawn from; an artifact or `auto` must have been resolved first."""
-        if self.tree is None or isinstance(self.tree, TreeTemplate):
-            return None if self.tree is None else self.tree.paths
-        raise InputError(f"tree {self.tree} is not resolved to a template yet (draftwise.open_decoder resolves it)")
+        return resolved_template(self.tree)
 
 
 def draft_contract(template: Template | None, relation: SamplingRelation) -> ProposerContract:

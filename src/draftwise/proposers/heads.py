@@ -44,7 +44,7 @@ from draftwise.proposers.base import RoundFeedback
 from draftwise.proposers.family import CandidateShape, DrafterFamily, DrafterResources
 from draftwise.sampling import SamplingPolicy, sample
 from draftwise.topology.templates import Template, chain, comb, max_depth, num_children, slots_by_parent
-from draftwise.topology.tree_spec import TreeSpec, TreeTemplate, parse_tree, show_tree
+from draftwise.topology.tree_spec import TreeSpec, TreeTemplate, parse_tree, resolved_template, show_tree
 from draftwise.verify.sequoia import without_replacement_q
 
 RELATIONS = (SamplingRelation.BEAM, SamplingRelation.IID, SamplingRelation.WITHOUT_REPLACEMENT)
@@ -71,9 +71,8 @@ class HeadsConfig:
 
     @property
     def template(self) -> Template | None:
-        if self.tree is None or isinstance(self.tree, TreeTemplate):
-            return None if self.tree is None else self.tree.paths
-        raise InputError(f"tree {self.tree} is not resolved to a template yet (draftwise.open_decoder resolves it)")
+        """The paths drawn from; an artifact or `auto` must have been resolved first."""
+        return resolved_template(self.tree)
 
 
 def config_contract(config: HeadsConfig) -> ProposerContract:

@@ -62,3 +62,10 @@ def parse_tree(text: str) -> TreeSpec:
 
 def show_tree(tree: TreeSpec | None) -> str:
     return "none" if tree is None else str(tree)
+
+
+def resolved_template(tree: TreeSpec | None) -> Template | None:
+    """A config's template (None: no tree); an artifact or `auto` must have been resolved first."""
+    if tree is None or isinstance(tree, TreeTemplate):
+        return None if tree is None else tree.paths
+    raise InputError(f"tree {tree} is not resolved to a template yet (draftwise.open_decoder resolves it)")
