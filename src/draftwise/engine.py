@@ -21,7 +21,7 @@ from typing import Callable, Generator, Sequence
 
 import numpy as np
 
-from draftwise.backends.base import Backend, check_fits
+from draftwise.backends.base import Backend, check_fits, supports_hidden
 from draftwise.contracts import ProposalResult, RoundManifest, TopologyKind
 from draftwise.errors import ContractError
 from draftwise.errors import InputError
@@ -170,6 +170,8 @@ class SpeculativeDecoder:
         # here, between generations, by the backend itself
         branching = any(p.contract.topology is not TopologyKind.SEQUENCE for p in self.proposers)
         self.target.reserve(config.limits.max_nodes if branching else 0)
+        if supports_hidden(self.target):  # a proposer that reads hidden states asks for them in `begin`
+            self.target.track_hidden(False)  # type: ignore[attr-defined]
         for proposer in self.proposers:
             proposer.begin(config.policy, rng)
         emitter = _Emitter(config.max_new_tokens, self.target.info.eos_token_ids, config.stop_strings,

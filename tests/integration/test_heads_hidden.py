@@ -135,3 +135,23 @@ def test_token_weights_are_the_models_embedding_and_lm_head():
     lm_head = backend.model.get_output_embeddings().weight.detach().numpy()
     assert np.array_equal(weights.embed, embed) and np.array_equal(weights.lm_head, lm_head)
     assert not np.array_equal(weights.embed, weights.lm_head)  # untied here: the two must not be swapped
+
+
+def test_a_generation_tracks_hidden_states_only_when_a_proposer_reads_them():
+    """Tracking costs a plain step 3-5%: a plain decoder on a backend that a heads decoder used
+    before must run untracked, and the heads decoder tracked again."""
+    from draftwise.engine import GenerationConfig, SpeculativeDecoder
+    from draftwise.proposers.heads import HeadsConfig, HeadsProposer
+    from draftwise.verify.greedy import GreedyVerifier
+    from tests.integration.tiny_heads import random_headset
+
+    backend = tiny_backend(3)
+    heads = SpeculativeDecoder(backend, [HeadsProposer("hydra", backend, random_headset("hydra", backend, seed=1),
+                                                       HeadsConfig())], GreedyVerifier(), GenerationConfig(max_new_tokens=6))
+    plain = SpeculativeDecoder(backend, [], GreedyVerifier(), GenerationConfig(max_new_tokens=6))
+    heads.generate([1, 2, 3])
+    assert backend.frontier_hidden() is not None
+    plain.generate([1, 2, 3])
+    assert backend.frontier_hidden() is None and not backend._track
+    heads.generate([1, 2, 3])
+    assert backend._track and backend.frontier_hidden() is not None

@@ -222,8 +222,8 @@ class LlamaCppBackend:
         self._frontier = None
 
     # ---- hidden states (draft heads) ------------------------------------------------------------
-    def track_hidden(self) -> None:
-        self._track = True
+    def track_hidden(self, on: bool = True) -> None:
+        self._track = on
 
     def frontier_hidden(self) -> np.ndarray | None:
         return self._frontier

@@ -151,8 +151,8 @@ class TransformersBackend:
         self._frontier = None
 
     # ---- hidden states (draft heads) ------------------------------------------------------------
-    def track_hidden(self) -> None:
-        self._track = True
+    def track_hidden(self, on: bool = True) -> None:
+        self._track = on
 
     def frontier_hidden(self) -> np.ndarray | None:
         return None if self._frontier is None else self._frontier.float().cpu().numpy()

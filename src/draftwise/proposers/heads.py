@@ -153,6 +153,7 @@ class HeadsProposer:
 
     def begin(self, policy: SamplingPolicy, rng: np.random.Generator) -> None:
         self._policy, self._rng = policy, rng
+        self.target.track_hidden()  # type: ignore[attr-defined]  # the engine switched it off for the generation
 
     def observe(self, feedback: RoundFeedback) -> None:
         pass  # the heads hold no state: the target's next frontier state is their input
