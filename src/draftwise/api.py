@@ -79,9 +79,11 @@ class Decoder:
         return replace(self, engine=build_decoder(replace(self.spec, generation=generation), self.target, self.draft))
 
 
-def default_loader(threads: int | None = None, device: str = "cpu", dtype: DtypeChoice = DEFAULT_DTYPE) -> Loader:
+def default_loader(threads: int | None = None, device: str = "cpu", dtype: DtypeChoice = DEFAULT_DTYPE,
+                   strict: bool = False) -> Loader:
     def load(model: str, backend: str, role: str) -> Backend:
-        return load_backend(model, backend, threads, device=device, dtype=dtype)
+        # strict is the target's: a draft's rows only choose candidates, never what is published
+        return load_backend(model, backend, threads, device=device, dtype=dtype, strict=strict and role == "target")
     return load
 
 
@@ -92,7 +94,7 @@ def open_decoder(spec: DecoderSpec | None = None, *, loader: Loader | None = Non
     applied on top of `spec` (default: `DecoderSpec()`)."""
     spec = spec_from_options(_as_strings(options), spec or DecoderSpec())
     check(spec)
-    load = loader or default_loader(spec.threads, spec.device, spec.dtype)
+    load = loader or default_loader(spec.threads, spec.device, spec.dtype, spec.strict)
     target = load(spec.target, spec.backend, "target")
     draft = load(spec.draft, spec.backend, "draft") if spec.draft and spec.uses_draft_model else None
     resolved, choices = resolve(spec, target, draft, calibration=calibration)

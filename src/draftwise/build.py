@@ -45,13 +45,21 @@ def choose_backend(name: str, model: ResolvedModel) -> str:
 
 
 def load_backend(model_name: str, backend: str = "auto", threads: int | None = None, device: str = "cpu",
-                 dtype: DtypeChoice = DEFAULT_DTYPE) -> Backend:
+                 dtype: DtypeChoice = DEFAULT_DTYPE, strict: bool = False) -> Backend:
     """A backend for `model_name`; it sizes its own per-round resources when a decoder starts.
     `dtype` is the transformers backend's (float32, bfloat16, or auto: the faster here, measured
-    once and cached); llama.cpp runs the GGUF's own types and takes only the default."""
+    once and cached); llama.cpp runs the GGUF's own types and takes only the default.  `strict`:
+    llama.cpp with the kernels whose verify rows are bit-identical to plain decoding's, capped
+    at the rows the invariance probe measured exact (probed on first use, cached)."""
     check_dtype(dtype)  # before anything is loaded
     model = resolve(model_name)
     kind = choose_backend(backend, model)
+    if strict and kind != "llamacpp":
+        raise InputError(f"strict chooses the llama.cpp backend's kernels; {model_name!r} runs on {kind}")
+    if strict:
+        from draftwise.backends.invariance import load_strict
+
+        return load_strict(model, threads)
     if kind == "llamacpp":
         if model.kind != "gguf":
             raise InputError(f"the llamacpp backend loads .gguf models; {model_name!r} is a {model.kind}")

@@ -85,12 +85,13 @@ def generate(
     stop: list[str] = typer.Option([], help="Stop string (repeatable)."),
     calibration_workload: str = typer.Option(CALIBRATION_WORKLOAD, help="Prompts that calibrate --tree auto and --proposer auto on first use."),
     compare_ar: bool = typer.Option(False, "--compare-ar", help="Also run plain decoding and compare."),
+    strict: bool = typer.Option(False, "--strict", help="llama.cpp: kernels whose verify rows are bit-identical to plain decoding's (flash attention, >= 2-row decodes, unpacked weights), rounds capped at the rows the invariance probe measured exact (= --set strict=true)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text and stats."),
 ) -> None:
     """Generate text with speculative decoding and print the statistics."""
     named = {"proposer": proposer, "k": draft_k, "tree": tree, "relation": relation, "lookup": lookup_tokens,
              "ngram": lookup_ngram, "candidates": lookup_candidates, "index": index, "gate": gate,
-             "calibration": calibration_workload if proposer == "auto" else None}
+             "calibration": calibration_workload if proposer == "auto" else None, "strict": "true" if strict else None}
     try:
         policy = SamplingPolicy(temperature=temperature, top_k=top_k, top_p=top_p)
         base = DecoderSpec(target=target, backend=backend, draft=draft, verifier=verifier, threads=threads, dtype=dtype,
@@ -115,10 +116,12 @@ def generate(
         if stream is not None:
             stream.finish()
         plain = decoder.plain().generate(prompt_ids) if compare_ar else None
+        exactness = _exactness(decoder.target, prompt_ids, result, plain, policy) if plain is not None else {}
     except DraftwiseError as exc:
         _fail(str(exc))
         return
     report = _report(result, plain, policy, decoder.verifier)
+    report.update(exactness)
     if decoder.choices:
         report["auto_choices"] = {c.what: c.chosen for c in decoder.choices}
     if as_json:
@@ -126,6 +129,24 @@ def generate(
     else:
         sys.stdout.write("\n")
         _print_stats(report)
+
+
+def _exactness(target, prompt_ids: list[int], result: GenerationResult, plain: GenerationResult,
+               policy: SamplingPolicy) -> dict:
+    """On llama.cpp, what `identical_to_ar` can be expected to be (the target's invariance probe,
+    measured once per model, kernels, threads and machine) and, for a greedy output that parts
+    from plain decoding, whether it parts at a near-tie within the probe's bound."""
+    if target.info.name != "llamacpp":
+        return {}
+    from draftwise.backends.invariance import cached_probe, find_divergence
+
+    probe = cached_probe(target)
+    out = {"exactness": probe.statement()}
+    if policy.greedy:
+        divergence = find_divergence(target, prompt_ids, result.tokens, plain.tokens, probe)
+        if divergence is not None:
+            out["divergence"] = divergence.describe()
+    return out
 
 
 def parse_settings(settings: list[str]) -> dict[str, str]:
@@ -193,7 +214,7 @@ def _print_stats(report: dict) -> None:
     table = Table(title="draftwise", show_header=False)
     for key in ("new_tokens", "rounds", "mean_accepted", "acceptance_by_depth", "fallbacks", "gated_rounds",
                 "tokens_per_s", "time_split_ms_per_token", "verifier", "stop_reason", "ar_tokens_per_s", "speedup", "identical_to_ar",
-                "warning"):
+                "exactness", "divergence", "warning"):
         if key in report:
             table.add_row(key, str(report[key]))
     err.print(table)
@@ -262,7 +283,10 @@ def profile(
     repeats: int = typer.Option(5, help="Timed repeats per n (the median is kept)."),
     chain: bool = typer.Option(False, "--chain", help="Time chains of n - 1 candidates (what a sequence proposer verifies) instead of random trees."),
     extend: bool = typer.Option(False, "--extend", help="Time extends of n tokens with the last row's logits only (a draft's catch-up) instead of verifies."),
-    out: str = typer.Option(..., help="Directory for the verify_profile artifact."),
+    invariance: bool = typer.Option(False, "--invariance", help="Instead of timing, probe whether verify rows (chains and trees of --rows sizes after --prefixes) are bit-identical to plain decoding's rows, and save an invariance_probe artifact."),
+    prefixes: str = typer.Option("40,256,700", help="--invariance: committed prefix lengths to probe at."),
+    strict: bool = typer.Option(False, "--strict", help="llama.cpp with the strict kernels (see `generate --strict`)."),
+    out: str = typer.Option(..., help="Directory for the verify_profile (or invariance_probe) artifact."),
 ) -> None:
     """Measure t(n)/t(1), the target's verify time for n rows, and save it as an artifact."""
     from pathlib import Path
@@ -270,6 +294,9 @@ def profile(
     from draftwise.backends.profile import write_profile
 
     _quiet_llama_cpp()
+    if invariance:
+        _probe_invariance(target, backend, threads, dtype, strict, rows_list, max_rows, prefixes, Path(out))
+        return
     if rows_list:
         try:
             rows = tuple(sorted({int(r) for r in rows_list.split(",")}))
@@ -290,7 +317,7 @@ def profile(
             return
     try:
         with progress_to(_dim):
-            target_backend = load_backend(target, backend, threads, dtype=dtype)
+            target_backend = load_backend(target, backend, threads, dtype=dtype, strict=strict)
         with progress_to(lambda m: err.print(m, markup=False, highlight=False)):
             result = write_profile(target_backend, Path(out), prefix_len=prefix_len, rows=rows, repeats=repeats,
                                    chain=chain, extend=extend)
@@ -302,6 +329,36 @@ def profile(
     for n, absolute, relative in zip(result.rows, result.absolute_s, result.relative):
         table.add_row(str(n), f"{absolute:.5f}", f"{relative:.3f}")
     Console().print(table)
+
+
+def _probe_invariance(target: str, backend: str, threads: int | None, dtype: str, strict: bool,
+                      rows_list: str | None, max_rows: int, prefixes: str, out) -> None:
+    from draftwise.backends.invariance import DEFAULT_SIZES, probe_invariance
+    from draftwise.bench.plots import plot_invariance
+
+    try:
+        sizes = (tuple(int(r) for r in rows_list.split(",")) if rows_list
+                 else tuple(n for n in DEFAULT_SIZES if n <= max_rows))
+        lengths = tuple(int(p) for p in prefixes.split(","))
+    except ValueError:
+        _fail(f"--rows {rows_list!r} / --prefixes {prefixes!r}: expected comma-separated integers")
+        return
+    try:
+        with progress_to(_dim):
+            loaded = load_backend(target, backend, threads, dtype=dtype, strict=strict)
+        with progress_to(lambda m: err.print(m, markup=False, highlight=False)):
+            probe = probe_invariance(loaded, prefixes=lengths, sizes=sizes)
+        probe.save(out)
+    except (DraftwiseError, OSError) as exc:
+        _fail(str(exc))
+        return
+    plot_invariance([probe], out / "invariance.png")
+    table = Table("prefix", "shape", "rows", "max |logit difference|", title=f"{probe.model} ({probe.kernels})")
+    for case in probe.cases:
+        table.add_row(str(case.prefix_len), case.shape, str(case.rows),
+                      "bit-identical" if case.max_abs_diff == 0.0 else f"{case.max_abs_diff:.4g}")
+    Console().print(table)
+    Console().print(probe.statement())
 
 
 def _wire_subcommands() -> None:

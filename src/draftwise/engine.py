@@ -209,7 +209,7 @@ class SpeculativeDecoder:
         """One round.  The first also reads the prompt (its `unread` rows) in the verify forward."""
         seconds: dict[str, float] = {}
         limits = round_limits(self.config.limits, len(context), self.target.info.context_length,
-                              emitter.limit - len(emitter.tokens))
+                              emitter.limit - len(emitter.tokens), self.target.info.max_verify_rows)
         unread = context[self.target.cached_len : -1]  # the prompt in round 1, then nothing
         reads_prompt = bool(unread)
         clock = time.perf_counter()
@@ -277,10 +277,12 @@ def feedback_for(source: int, result: ProposalResult, verified: CompiledRound, a
     return RoundFeedback(result, accepted, tuple(int(t) for t in published))
 
 
-def round_limits(limits: TreeLimits, context_len: int, context_length: int, remaining: int) -> TreeLimits:
-    """This round's tree limits: no more rows than the context has room for, no deeper than
-    the tokens still allowed (a deeper candidate could never be published)."""
-    room = context_length - context_len - 1
+def round_limits(limits: TreeLimits, context_len: int, context_length: int, remaining: int,
+                 max_verify_rows: int = 1 << 30) -> TreeLimits:
+    """This round's tree limits: no more rows than the context has room for or the target
+    verifies at once (strict llama.cpp kernels: rows beyond the probed size are not bit-exact),
+    no deeper than the tokens still allowed (a deeper candidate could never be published)."""
+    room = min(context_length - context_len - 1, max_verify_rows - 1)
     return TreeLimits(max_nodes=max(0, min(limits.max_nodes, room)),
                       max_depth=max(0, min(limits.max_depth, remaining - 1, room)))
 

@@ -188,7 +188,8 @@ def branches(spec: DecoderSpec) -> bool:
 def _measure_gate(spec: DecoderSpec, target: Backend, root: Path) -> Path:
     from draftwise.optimize.auto import auto_gate_directory, auto_gate_profile
 
-    rows, chain = gate_rows_needed(spec), not branches(spec)
+    # a strict llama.cpp target verifies no more rows than its probe measured exact
+    rows, chain = min(gate_rows_needed(spec), target.info.max_verify_rows), not branches(spec)
     auto_gate_profile(target, rows, root, chain=chain)
     return auto_gate_directory(target, rows, root, chain=chain)
 

@@ -100,12 +100,16 @@ class DecoderSpec:
     threads: int | None = None
     device: str = "cpu"
     dtype: DtypeChoice = DEFAULT_DTYPE  # the transformers backend's: float32, bfloat16 or auto (measured)
+    strict: bool = False  # llama.cpp: kernels whose verify rows equal plain decoding's bit for bit
     generation: GenerationConfig = field(default_factory=GenerationConfig)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise InputError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         check_dtype(self.dtype)
+        if self.strict and self.backend == "transformers":
+            raise InputError("strict chooses the llama.cpp backend's kernels (bit-identical verify rows); the "
+                             "transformers backend has no such setting: `draftwise profile --invariance` measures its rows")
 
     @property
     def proposer(self) -> str:
@@ -139,6 +143,8 @@ class DecoderSpec:
             parts.append(f"gate={self.gate}")
         if self.dtype != DEFAULT_DTYPE:  # said only when set: a llama.cpp method's description is unchanged
             parts.append(f"dtype={self.dtype}")
+        if self.strict:
+            parts.append("strict=true")
         if not self.generation.exact:
             parts.append("exact=false (HEURISTIC verifier allowed: outputs are not the target's distribution)")
         return ", ".join(p for p in parts if p)
@@ -149,7 +155,7 @@ def drafter_keys(registry: DrafterRegistry = DRAFTERS) -> set[str]:
 
 
 DECODER_KEYS = frozenset({"proposer", "backend", "verifier", "target", "draft", "gate", "max_nodes", "max_depth",
-                          "exact", "calibration", "dtype"})
+                          "exact", "calibration", "dtype", "strict"})
 
 
 def parse_drafter(name: str, values: Mapping[str, str], registry: DrafterRegistry = DRAFTERS,
@@ -249,5 +255,6 @@ def spec_from_options(values: Mapping[str, str], base: DecoderSpec = DecoderSpec
         verifier=values.get("verifier", base.verifier),
         gate=parse_gate(values["gate"]) if "gate" in values else base.gate,
         dtype=cast(DtypeChoice, check_dtype(values["dtype"])) if "dtype" in values else base.dtype,
+        strict=_bool(values, "strict", base.strict),
         generation=replace(gen, limits=limits, exact=_bool(values, "exact", gen.exact)),
     )

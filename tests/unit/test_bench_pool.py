@@ -9,7 +9,7 @@ from draftwise.bench.pool import ModelPool, ModelUnavailable
 
 def test_roles_are_separate_and_loads_are_cached(monkeypatch):
     loads = []
-    monkeypatch.setattr(pool_module, "load_backend", lambda model, kind, threads, dtype="float32": loads.append(model) or object())
+    monkeypatch.setattr(pool_module, "load_backend", lambda model, kind, threads, dtype="float32", strict=False: loads.append(model) or object())
     pool = ModelPool(threads=1, seed=0)
     target = pool.backend("m", "transformers")
     assert pool.backend("m", "transformers") is target
@@ -21,7 +21,7 @@ def test_roles_are_separate_and_loads_are_cached(monkeypatch):
 def test_failed_load_is_remembered(monkeypatch):
     calls = []
 
-    def fail(model, kind, threads, dtype="float32"):
+    def fail(model, kind, threads, dtype="float32", strict=False):
         calls.append(model)
         raise OSError("no such file")
 

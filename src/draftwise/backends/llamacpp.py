@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import llama_cpp
@@ -70,6 +70,39 @@ _N_BATCH = 512  # tokens per llama_decode (logical and physical batch), llama-cp
 
 
 @dataclass(frozen=True)
+class LlamaCppKernels:
+    """The kernel choices that decide whether a row verified inside a batch equals the same row
+    decoded alone (measured: `draftwise profile --invariance`, benchmarks/llamacpp_invariance/).
+    By default it does not, on these CPU kernels, and each cause was isolated by probing:
+    - flash attention off: attention's matmuls of a one-row batch use ggml's own dot product,
+      two or more rows go to tinyBLAS (another summation order); and a tree row's ancestors sit
+      at scattered cache cells, so its dot products over the cells group them into SIMD lanes
+      differently from the contiguous cells of plain decoding;
+    - flash attention on: one query row's keys are split over the threads (partial sums merged),
+      two or more rows are not; masked cells are skipped, so a tree row sums exactly its path;
+    - repacked Q4_K weights multiply rows 4 by 4 with a gemm kernel and the rest with a gemv;
+      unpacked Q4_K weights switch kernels at 8 rows.
+    A last-bit difference then moves a whole 8-bit step where the next layer re-quantizes its
+    input, which is how a rounding difference becomes ~0.5-1 in a logit."""
+
+    flash_attn: bool = False  # llama-cpp-python's default
+    repack: bool = True  # llama.cpp's interleaved weight layouts (use_extra_bufts), its default
+    min_rows: int = 1  # every decode evaluates at least this many rows; throwaway rows pad it
+
+    def describe(self) -> str:
+        return (f"flash attention {'on' if self.flash_attn else 'off'}, repacked weights "
+                f"{'on' if self.repack else 'off'}, decodes of >= {self.min_rows} row(s)")
+
+
+DEFAULT_KERNELS = LlamaCppKernels()
+# strict: flash attention (a tree row sums exactly its path's cells, in order), every decode of
+# >= 2 rows (a plain step takes a verify's kernels, and no thread splits one query's keys),
+# weights not repacked (a repacked gemm splits rows 4 by 4).  Rows are then bit-identical up to
+# the row count the probe measures for the model, which becomes `max_verify_rows`.
+STRICT_KERNELS = LlamaCppKernels(flash_attn=True, repack=False, min_rows=2)
+
+
+@dataclass(frozen=True)
 class KvGeometry:
     """What one KV cell costs: n_layer * (n_embd_k_gqa + n_embd_v_gqa) * element size."""
 
@@ -94,7 +127,7 @@ class _Handles:
         llama_cpp.llama_model_free(self.model)
 
 
-def _new_context(model, n_ctx: int, n_seq: int, threads: int, path: str):
+def _new_context(model, n_ctx: int, n_seq: int, threads: int, path: str, kernels: LlamaCppKernels):
     if n_seq > LLAMACPP_MAX_SEQUENCES:
         raise BackendError(f"a tree of {n_seq - 1} leaves needs {n_seq} sequences; a llama.cpp "
                            f"context holds at most {LLAMACPP_MAX_SEQUENCES} (use a narrower tree)")
@@ -108,7 +141,8 @@ def _new_context(model, n_ctx: int, n_seq: int, threads: int, path: str):
     cparams.n_threads_batch = threads
     cparams.type_k = _KV_TYPE
     cparams.type_v = _KV_TYPE
-    cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED  # llama-cpp-python's default
+    cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if kernels.flash_attn
+                               else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
     cparams.embeddings = False  # switched on per decode (llama_set_embeddings) when hidden states are tracked
     ctx = llama_cpp.llama_init_from_model(model, cparams)
     if ctx and llama_cpp.llama_pooling_type(ctx) != llama_cpp.LLAMA_POOLING_TYPE_NONE:
@@ -124,7 +158,7 @@ def _new_context(model, n_ctx: int, n_seq: int, threads: int, path: str):
 
 class LlamaCppBackend:
     def __init__(self, model, ctx, info: BackendInfo, geometry: KvGeometry, n_threads: int, max_tree_leaves: int,
-                 chat_template: str | None, path: str) -> None:
+                 chat_template: str | None, path: str, kernels: LlamaCppKernels = DEFAULT_KERNELS) -> None:
         self._model = model
         self._ctx = ctx
         self._mem = llama_cpp.llama_get_memory(ctx)
@@ -135,6 +169,7 @@ class LlamaCppBackend:
         self.max_tree_leaves = max_tree_leaves
         self._chat_template = chat_template
         self._path = path
+        self.kernels = kernels
         self._n_vocab = info.vocab_size
         self._batch = NumpyBatch(max(_N_BATCH, info.max_verify_rows), max_tree_leaves + 1)
         self._committed = 0  # cells of sequence 0 that are authoritative: positions [0, committed)
@@ -155,17 +190,20 @@ class LlamaCppBackend:
     # ---- loading -------------------------------------------------------------------------
     @classmethod
     def load(cls, model: ResolvedModel, n_threads: int | None = None, n_ctx: int = 4096,
-             max_tree_leaves: int = 0) -> "LlamaCppBackend":
-        """A context of n_ctx cells shared by max_tree_leaves + 1 sequences (`reserve` grows them)."""
+             max_tree_leaves: int = 0, kernels: LlamaCppKernels = DEFAULT_KERNELS) -> "LlamaCppBackend":
+        """A context of n_ctx cells shared by max_tree_leaves + 1 sequences (`reserve` grows them).
+        For strict (bit-exact) decoding load with STRICT_KERNELS through `invariance.load_strict`,
+        which also caps the rows a verify may have at what the probe measured exact."""
         if model.kind != "gguf":
             raise BackendError(f"the llama.cpp backend loads .gguf files; {model.path!r} is a {model.kind}")
         threads = n_threads or len(os.sched_getaffinity(0))
         mparams = llama_cpp.llama_model_default_params()
+        mparams.use_extra_bufts = kernels.repack
         handle = llama_cpp.llama_model_load_from_file(model.path.encode(), mparams)
         if not handle:
             raise BackendError(f"llama.cpp could not load {model.path!r}")
         try:
-            ctx = _new_context(handle, n_ctx, max_tree_leaves + 1, threads, model.path)
+            ctx = _new_context(handle, n_ctx, max_tree_leaves + 1, threads, model.path, kernels)
         except BackendError:
             llama_cpp.llama_model_free(handle)
             raise
@@ -178,18 +216,25 @@ class LlamaCppBackend:
             tokenizer_hash=tokenizer_fingerprint(vocab_texts(vocab, n_vocab)),
             vocab_size=n_vocab,
             context_length=int(llama_cpp.llama_n_ctx(ctx)),
-            dtype="gguf",
+            dtype="gguf" if kernels == DEFAULT_KERNELS else f"gguf ({kernels.describe()})",  # keys measured artifacts
             device="cpu",
             eos_token_ids=frozenset(eos),
             max_verify_rows=_N_BATCH,
             kv_row_bytes=_kv_geometry(handle).bytes_per_cell,
         )
         template = model_meta(handle, "tokenizer.chat_template")
-        return cls(handle, ctx, info, _kv_geometry(handle), threads, max_tree_leaves, template, model.path)
+        return cls(handle, ctx, info, _kv_geometry(handle), threads, max_tree_leaves, template, model.path, kernels)
 
     def close(self) -> None:
         """Free the context and the weights now (otherwise when the backend is collected)."""
         self._finalizer()
+
+    def cap_verify_rows(self, rows: int) -> None:
+        """Verify at most `rows` rows at once (pending included): the engine caps its rounds at
+        this, and a larger round is refused (strict kernels are bit-exact only up to it)."""
+        if not 2 <= rows <= _N_BATCH:
+            raise BackendError(f"a verify cap must be 2..{_N_BATCH} rows, got {rows}")
+        self.info = replace(self.info, max_verify_rows=rows)
 
     # ---- state ---------------------------------------------------------------------------
     @property
@@ -203,7 +248,7 @@ class LlamaCppBackend:
         leaves = min(tree_rows, LLAMACPP_MAX_SEQUENCES - 1)
         if leaves <= self.max_tree_leaves:
             return
-        ctx = _new_context(self._model, self.info.context_length, leaves + 1, self.n_threads, self._path)
+        ctx = _new_context(self._model, self.info.context_length, leaves + 1, self.n_threads, self._path, self.kernels)
         llama_cpp.llama_free(self._handles.ctx)
         self._handles.ctx = self._ctx = ctx
         self._mem = llama_cpp.llama_get_memory(ctx)
@@ -247,7 +292,12 @@ class LlamaCppBackend:
         return np.ctypeslib.as_array(pointer, shape=(rows, self._n_embd)).copy()  # [R, d]
 
     def _decode(self, what: str) -> None:
+        padding = self._batch.pad_to(self.kernels.min_rows)
         code = llama_cpp.llama_decode(self._ctx, self._batch.struct)
+        if padding is not None:
+            sequences, first, end = padding
+            for seq in sequences:  # the pad cells, and only them: nothing of the batch's own rows
+                llama_cpp.llama_memory_seq_rm(self._mem, seq, first, end)
         if code != 0:
             raise BackendError(f"llama_decode failed during {what} (code {code}; 1 = no KV slot: n_ctx too small)")
 
@@ -466,6 +516,7 @@ class LlamaCppBackend:
             raise BackendError(f"llama.cpp refused to drop positions >= {start} of sequence {seq} (recurrent model?)")
 
     def _check_room(self, rows: int) -> None:
+        rows = max(rows, self.kernels.min_rows)  # pad rows hold cells while the decode runs
         if self._committed + rows > self.info.context_length:
             raise ContextOverflow(
                 f"{self._committed} cached + {rows} new rows exceed the context of {self.info.context_length}"

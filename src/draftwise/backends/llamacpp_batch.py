@@ -75,3 +75,27 @@ class NumpyBatch:
         self.seq_ids[:m, :s] = np.argsort(~member, axis=1, kind="stable")
         self.logits[:m] = 1
         self.struct.n_tokens = m
+
+    def pad_to(self, rows: int) -> tuple[list[int], int, int] | None:
+        """Append throwaway rows until the batch has `rows` (strict kernels: llama.cpp computes a
+        one-row batch with other kernels than a batch of two or more, so a plain decoding step
+        would not reproduce the rows a verify batch gets).  Each pad row repeats the last row's
+        token one position further, in the last row's sequences, with logits on (the last layer
+        and the LM head run only on output rows, and their kernels depend on that count too).
+        Returns (sequences, first position, end position) of the pad cells to drop after the
+        decode, or None when nothing was added.  Only valid when the last row is the deepest of
+        its sequences (a one-row batch always is)."""
+        m = self.struct.n_tokens
+        if m >= rows:
+            return None
+        last = m - 1
+        first = int(self.pos[last]) + 1
+        for i in range(m, rows):
+            self.token[i] = self.token[last]
+            self.pos[i] = first + i - m
+            self.n_seq_id[i] = self.n_seq_id[last]
+            self.seq_ids[i] = self.seq_ids[last]
+            self.logits[i] = 1
+        self.logits[last] = 1
+        self.struct.n_tokens = rows
+        return [int(s) for s in self.seq_ids[last, : self.n_seq_id[last]]], first, first + rows - m

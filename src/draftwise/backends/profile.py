@@ -55,13 +55,15 @@ _PREFIX_TEXT = (
 )
 
 
-def _round_of_parents(prefix_len: int, parents: list[int], vocab_size: int) -> CompiledRound:
-    """Candidate row i under row parents[i] (-1 = the frontier), parents before children."""
+def _round_of_parents(prefix_len: int, parents: list[int], vocab_size: int,
+                      tokens: Sequence[int] | None = None) -> CompiledRound:
+    """Candidate row i under row parents[i] (-1 = the frontier), parents before children; row i
+    carries tokens[i], or distinct made-up tokens (so the full-prefix merge keeps every row)."""
     nodes: list[ProposalNode] = []
     for i, parent in enumerate(parents):
         depth = 1 if parent == -1 else nodes[parent].depth + 1
-        # distinct tokens, so the full-prefix merge keeps every row
-        nodes.append(ProposalNode(token=(1000 + i) % vocab_size, parent=parent, depth=depth))
+        token = int(tokens[i]) if tokens is not None else (1000 + i) % vocab_size
+        nodes.append(ProposalNode(token=token, parent=parent, depth=depth))
     result = ProposalResult(tuple(nodes), _CONTRACT, "profile", "profile")
     return compile_round(prefix_len, [result], TreeLimits(max_nodes=len(parents), max_depth=len(parents)))
 
@@ -71,10 +73,10 @@ def random_tree(prefix_len: int, n_nodes: int, vocab_size: int, rng: np.random.G
     return _round_of_parents(prefix_len, [int(rng.integers(-1, i)) for i in range(n_nodes)], vocab_size)
 
 
-def chain_round(prefix_len: int, n_nodes: int, vocab_size: int) -> CompiledRound:
+def chain_round(prefix_len: int, n_nodes: int, vocab_size: int, tokens: Sequence[int] | None = None) -> CompiledRound:
     """A chain of n_nodes candidate rows: what a sequence proposer (prompt lookup, a draft
     chain) verifies, and all a chain-only llama.cpp context (no tree sequences) can verify."""
-    return _round_of_parents(prefix_len, list(range(-1, n_nodes - 1)), vocab_size)
+    return _round_of_parents(prefix_len, list(range(-1, n_nodes - 1)), vocab_size, tokens)
 
 
 def machine_description() -> str:

@@ -128,3 +128,25 @@ def write_plots(summary: dict, root: Path) -> list[Path]:
         plot_time_split(summary, root / "time_split.png"),
     ]
     return [p for p in made if p is not None]
+
+
+def plot_invariance(probes: list, path: Path) -> Path:
+    """Largest |logit difference| between verify rows and plain decoding's rows against the row
+    count, one line per (probe, prefix length, shape); bit-identical cases sit on the floor line."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    floor = 1e-3  # a log axis cannot show 0: bit-identical cases are drawn here
+    for probe in probes:
+        for prefix in sorted({c.prefix_len for c in probe.cases}):
+            for shape, style in (("chain", "-o"), ("tree", "--s")):
+                cases = sorted((c for c in probe.cases if c.prefix_len == prefix and c.shape == shape), key=lambda c: c.rows)
+                if cases:
+                    ax.plot([c.rows for c in cases], [max(c.max_abs_diff, floor) for c in cases], style, markersize=3,
+                            label=f"{probe.kernels.split(',')[0]}…, P={prefix}, {shape}" if len(probes) > 1
+                            else f"prefix {prefix}, {shape}")
+    ax.axhline(floor, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_yscale("log")
+    ax.set_xlabel("rows in the verify batch (pending included)")
+    ax.set_ylabel("max |logit difference| vs plain (floor = bit-identical)")
+    ax.set_title("Batch invariance: " + ", ".join(sorted({p.model.split("/")[-1][:40] for p in probes})), fontsize=9)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _save(fig, path)

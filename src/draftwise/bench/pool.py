@@ -37,14 +37,15 @@ class ModelPool:
         """Progress for the run's console (model loads, what an automatic method chose)."""
         self._say(message)
 
-    def backend(self, model: str, kind: str, role: str = "target") -> Backend:
+    def backend(self, model: str, kind: str, role: str = "target", strict: bool = False) -> Backend:
         """A draftwise backend ('transformers' or 'llamacpp') for `model`.  Targets and drafts are
         separate objects even for the same model: a backend holds one KV cache, and a draft
         sharing its target's cache would overwrite the rows the target is verifying against.
         Each backend sizes its per-round resources itself when a decoder starts."""
         dtype = self.dtype if kind == "transformers" else DEFAULT_DTYPE  # llama.cpp runs the GGUF's own types
-        return self._get(("backend", model, kind, role),
-                         lambda: load_backend(model, kind, self.threads, dtype=dtype))
+        strict = strict and role == "target"  # a draft's rows only choose candidates
+        return self._get(("backend", model, kind, role) + (("strict",) if strict else ()),
+                         lambda: load_backend(model, kind, self.threads, dtype=dtype, strict=strict))
 
     def llama(self, model: str, lookup_tokens: int | None) -> object:
         """llama-cpp-python's high-level `Llama`; with `lookup_tokens` it carries LlamaPromptLookupDecoding.

@@ -1,0 +1,300 @@
+"""Batch-invariance probe: are a backend's verify rows the rows plain decoding would compute?
+
+Greedy speculation is token-identical to plain decoding only if every row a verify batch
+returns equals, bit for bit, the row plain decoding computes for the same tokens (one row per
+step).  Kernels need not give that: llama.cpp's CPU kernels pick their summation order by the
+batch's row count (`backends.llamacpp.LlamaCppKernels` says which).  The probe measures it for
+the loaded backend exactly as it runs (its kernels, threads, context settings):
+
+- for each prefix length P, the reference is plain decoding through the backend's own API
+  (`verify(token, None)` + `commit(())` per token, as the engine's plain decoding does);
+- for each size n (rows including the pending token), a chain of n - 1 candidates and a random
+  tree of n - 1 candidates are verified in one batch on the same prefix, and each row is
+  compared with the reference row of the same path: the largest absolute logit difference.
+
+A tree's reference decodes each node's path once (depth-first, truncating back), so a tree of
+n rows costs n plain steps.  The result (`InvarianceProbe`) says, per (prefix, shape, size),
+whether the rows were bit-identical and by how much they differed; `exact_rows` is the largest
+n up to which every probed size was bit-identical (1 when even two rows differ).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from draftwise.artifacts import read_manifest, staged_artifact, write_manifest
+from draftwise.backends.base import Backend
+from draftwise.backends.profile import _PREFIX_TEXT, chain_round, machine_description, random_tree
+from draftwise.errors import InputError
+from draftwise.topology.compile import CompiledRound
+
+log = logging.getLogger(__name__)  # progress lines (the CLI shows INFO)
+
+ARTIFACT_KIND = "invariance_probe"
+DATA_FILE = "invariance.json"
+DEFAULT_PREFIXES = (40, 256, 700)
+DEFAULT_SIZES = tuple(range(2, 17))  # the rows of chains and trees the rounds use (gated rounds stay small)
+# a greedy divergence is explained by kernel rounding when plain decoding's top-2 margin at the
+# parting token is within what two rows can move apart: each logit by up to the probe's bound
+NEAR_TIE_FACTOR = 2.0
+
+
+@dataclass(frozen=True)
+class InvarianceCase:
+    prefix_len: int
+    shape: str  # "chain" or "tree"
+    rows: int  # 1 + candidates
+    max_abs_diff: float  # over every row and vocabulary entry; 0.0 = bit-identical
+
+
+@dataclass(frozen=True)
+class InvarianceProbe:
+    model: str
+    backend: str
+    kernels: str  # the backend's kernel settings in words (llama.cpp) or its dtype
+    threads: int
+    machine: str
+    cases: tuple[InvarianceCase, ...]
+
+    @property
+    def bit_identical(self) -> bool:
+        return all(c.max_abs_diff == 0.0 for c in self.cases)
+
+    @property
+    def max_abs_diff(self) -> float:
+        return max((c.max_abs_diff for c in self.cases), default=0.0)
+
+    @property
+    def exact_rows(self) -> int:
+        """The largest probed n such that every probed size up to n was bit-identical in every
+        case (1: not even the smallest was).  Sizes between probed ones are assumed to behave
+        like their neighbours: the kernels switch at row counts the probe's sizes bracket."""
+        exact = 1
+        for n in sorted({c.rows for c in self.cases}):
+            if any(c.max_abs_diff != 0.0 for c in self.cases if c.rows == n):
+                break
+            exact = n
+        return exact
+
+    def near_tie_bound(self) -> float:
+        """Top-2 margin below which plain decoding's greedy pick can flip under these kernels."""
+        return NEAR_TIE_FACTOR * self.max_abs_diff
+
+    def statement(self) -> str:
+        """What `identical_to_ar` can be expected to be, in one sentence."""
+        sizes = sorted({c.rows for c in self.cases})
+        prefixes = sorted({c.prefix_len for c in self.cases})
+        scope = (f"chains and trees of {sizes[0]}-{sizes[-1]} rows after {prefixes[0]}-{prefixes[-1]} "
+                 f"committed tokens" if sizes else "nothing probed")
+        if self.bit_identical:
+            return f"bit-identical rows (probe: {scope}): speculative output equals plain decoding by construction"
+        return (f"exact up to kernel rounding: verify rows differ from plain decoding's by at most "
+                f"{self.max_abs_diff:.3g} logits (probe: {scope}; bit-identical up to {self.exact_rows} rows), "
+                f"so greedy output can part at a near-tie (top-2 margin < {self.near_tie_bound():.3g})")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "backend": self.backend, "kernels": self.kernels, "threads": self.threads,
+                "machine": self.machine, "bit_identical": self.bit_identical, "max_abs_diff": self.max_abs_diff,
+                "exact_rows": self.exact_rows,
+                "cases": [{"prefix_len": c.prefix_len, "shape": c.shape, "rows": c.rows,
+                           "max_abs_diff": c.max_abs_diff} for c in self.cases]}
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> "InvarianceProbe":
+        try:
+            cases = tuple(InvarianceCase(int(c["prefix_len"]), str(c["shape"]), int(c["rows"]),
+                                         float(c["max_abs_diff"])) for c in body["cases"])
+            return cls(str(body["model"]), str(body["backend"]), str(body["kernels"]), int(body["threads"]),
+                       str(body["machine"]), cases)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(f"malformed invariance probe: {exc}") from exc
+
+    def save(self, directory: Path) -> None:
+        with staged_artifact(Path(directory), ARTIFACT_KIND) as staging:
+            (staging / DATA_FILE).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+            write_manifest(staging, ARTIFACT_KIND, {"model": self.model, "backend": self.backend,
+                                                    "kernels": self.kernels, "threads": self.threads,
+                                                    "machine": self.machine})
+
+    @classmethod
+    def load(cls, directory: Path) -> "InvarianceProbe":
+        read_manifest(Path(directory), kind=ARTIFACT_KIND, required=(DATA_FILE,))
+        return cls.from_json(json.loads((Path(directory) / DATA_FILE).read_text()))
+
+
+def kernels_of(backend: Backend) -> str:
+    kernels = getattr(backend, "kernels", None)
+    return kernels.describe() if kernels is not None else f"dtype {backend.info.dtype}"
+
+
+def probe_invariance(backend: Backend, prefixes: Sequence[int] = DEFAULT_PREFIXES,
+                     sizes: Sequence[int] = DEFAULT_SIZES, seed: int = 0) -> InvarianceProbe:
+    """Measure every (prefix, chain|tree, size) case; the backend is reset before and after."""
+    if not prefixes or not sizes or min(sizes) < 2 or min(prefixes) < 2:
+        raise InputError("the probe needs prefix lengths >= 2 and sizes >= 2 rows (a plain step is the reference)")
+    sizes = sorted(set(int(n) for n in sizes))
+    if sizes[-1] > backend.info.max_verify_rows:
+        sizes = [n for n in sizes if n <= backend.info.max_verify_rows]
+    text_ids = backend.tokenize(_PREFIX_TEXT, add_special=False)
+    need = max(prefixes) + max(sizes) + 1
+    tokens = (text_ids * (need // len(text_ids) + 1))[:need]
+    backend.reserve(max(sizes) - 1)
+    rng = np.random.default_rng(seed)
+    cases: list[InvarianceCase] = []
+    for prefix_len in sorted(set(prefixes)):
+        backend.reset()
+        backend.extend(tokens[: prefix_len - 1])
+        base = backend.cached_len
+        pending = tokens[prefix_len - 1]
+        # chains: the candidates are the text's next tokens (realistic rows), one reference pass
+        chain_ref = _plain_rows(backend, [pending, *tokens[prefix_len : prefix_len + sizes[-1] - 1]])
+        backend.truncate(base)
+        for n in sizes:
+            rows = _verify_rows(backend, pending, chain_round(base + 1, n - 1, backend.info.vocab_size,
+                                                              tokens[prefix_len : prefix_len + n - 1]))
+            cases.append(InvarianceCase(prefix_len, "chain", n, _diff(rows, chain_ref[:n])))
+            tree = random_tree(base + 1, n - 1, backend.info.vocab_size, rng)
+            reference = _tree_reference(backend, pending, tree)
+            backend.truncate(base)
+            rows = _verify_rows(backend, pending, tree)
+            cases.append(InvarianceCase(prefix_len, "tree", n, _diff(rows, reference)))
+        worst = max(c.max_abs_diff for c in cases if c.prefix_len == prefix_len)
+        log.info("prefix %d: %d sizes, largest row difference %.3g", prefix_len, len(sizes), worst)
+    backend.reset()
+    return InvarianceProbe(model=backend.info.checkpoint, backend=backend.info.name, kernels=kernels_of(backend),
+                           threads=int(backend.n_threads), machine=machine_description(), cases=tuple(cases))
+
+
+def _plain_rows(backend: Backend, tokens: Sequence[int]) -> np.ndarray:
+    """[len(tokens), V] logits of plain decoding: one verify of the pending token per step."""
+    rows = []
+    for token in tokens:
+        rows.append(np.array(backend.verify(int(token), None).logits[0], dtype=np.float32))
+        backend.commit(())
+    return np.stack(rows)
+
+
+def _verify_rows(backend: Backend, pending: int, round_: CompiledRound) -> np.ndarray:
+    logits = np.array(backend.verify(int(pending), round_).logits, dtype=np.float32)  # [1+N, V]
+    backend.rollback()
+    return logits
+
+
+def _tree_reference(backend: Backend, pending: int, tree: CompiledRound) -> np.ndarray:
+    """[1+N, V]: row 0 = the pending token's plain logits, row 1 + i = node i's after its path."""
+    base = backend.cached_len
+    out = np.zeros((1 + tree.n, backend.info.vocab_size), dtype=np.float32)
+    out[0] = _plain_rows(backend, [pending])[0]
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(tree.parent.tolist()):
+        children.setdefault(int(parent), []).append(i)
+
+    def visit(node: int) -> None:
+        length = backend.cached_len
+        for child in children.get(node, []):
+            out[1 + child] = _plain_rows(backend, [int(tree.token_ids[child])])[0]
+            visit(child)
+            backend.truncate(length)
+
+    visit(-1)
+    backend.truncate(base)
+    return out
+
+
+def _diff(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+
+
+def probe_cache_root() -> Path:
+    from draftwise.models import cache_dir
+
+    return cache_dir().parent / "invariance"
+
+
+def cached_probe(backend: Backend, root: Path | None = None) -> InvarianceProbe:
+    """The probe of this backend as loaded (model, kernels, threads, machine): measured on first
+    use (progress at INFO) and kept as an `invariance_probe` artifact; a cached one that no
+    longer reads (tampered, another format) is measured again."""
+    import hashlib
+
+    key = "\n".join((backend.info.checkpoint, backend.info.name, kernels_of(backend), str(backend.n_threads),
+                     machine_description(), repr((DEFAULT_PREFIXES, DEFAULT_SIZES))))
+    directory = (root or probe_cache_root()) / hashlib.sha256(key.encode()).hexdigest()[:16]
+    if directory.exists():
+        try:
+            return InvarianceProbe.load(directory)
+        except Exception as exc:  # noqa: BLE001 - any unreadable cache entry is re-measured, and said
+            log.warning("re-measuring the invariance probe: the cached one at %s does not read (%s)", directory, exc)
+            import shutil
+
+            shutil.rmtree(directory)
+    log.info("probing %s (%s): are verify rows bit-identical to plain decoding's? (once, cached)",
+             backend.info.checkpoint, kernels_of(backend))
+    probe = probe_invariance(backend)
+    probe.save(directory)
+    return probe
+
+
+def load_strict(model, threads: int | None = None, root: Path | None = None) -> Backend:
+    """The llama.cpp backend with strict kernels, its verify rows capped at the size its probe
+    measured bit-identical; refused, with the probe's finding, when not even two rows are."""
+    from draftwise.backends.base import BackendError
+    from draftwise.backends.llamacpp import STRICT_KERNELS, LlamaCppBackend
+
+    backend = LlamaCppBackend.load(model, n_threads=threads, kernels=STRICT_KERNELS)
+    probe = cached_probe(backend, root)
+    if probe.exact_rows < 2:
+        backend.close()
+        worst = max((c for c in probe.cases), key=lambda c: c.max_abs_diff)
+        raise BackendError(
+            f"strict: no bit-exact verification for {model.checkpoint_id} on this machine with "
+            f"{STRICT_KERNELS.describe()}: a {worst.rows}-row {worst.shape} after {worst.prefix_len} tokens "
+            f"differs from plain decoding by {worst.max_abs_diff:.3g} in a logit (even 2 rows differ)")
+    backend.cap_verify_rows(probe.exact_rows)
+    return backend
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where a greedy output first parts from plain decoding's, and whether kernel rounding explains it."""
+
+    token_index: int  # first generated position where the two outputs differ
+    plain_margin: float  # plain decoding's top-2 logit margin there
+    bound: float  # the probe's near-tie bound
+    near_tie: bool
+
+    def describe(self) -> str:
+        if self.near_tie:
+            return (f"parted at generated token {self.token_index}, where plain decoding's top-2 margin was "
+                    f"{self.plain_margin:.3g} < {self.bound:.3g}: a near-tie within the probe's kernel-rounding bound")
+        return (f"parted at generated token {self.token_index}, where plain decoding's top-2 margin was "
+                f"{self.plain_margin:.3g} >= {self.bound:.3g}: NOT explained by kernel rounding (a bug: please report it)")
+
+
+def plain_margin(backend: Backend, tokens: Sequence[int]) -> float:
+    """Plain decoding's top-2 logit margin for the token after `tokens` (the backend is reset)."""
+    backend.reset()
+    if len(tokens) > 1:
+        backend.extend(list(tokens[:-1]))
+    logits = np.array(backend.verify(int(tokens[-1]), None).logits[0], dtype=np.float64)
+    backend.rollback()
+    backend.reset()
+    top = np.sort(logits)[-2:]
+    return float(top[1] - top[0])
+
+
+def find_divergence(backend: Backend, prompt: Sequence[int], got: Sequence[int], plain: Sequence[int],
+                    probe: InvarianceProbe) -> Divergence | None:
+    """None when `got` equals plain decoding's `plain`; else where it parts and whether at a near-tie."""
+    if list(got) == list(plain):
+        return None
+    first = next((i for i, (a, b) in enumerate(zip(got, plain)) if a != b), min(len(got), len(plain)))
+    margin = plain_margin(backend, list(prompt) + list(plain[:first]))
+    bound = probe.near_tie_bound()
+    return Divergence(first, margin, bound, margin < bound)
