@@ -333,7 +333,7 @@ def profile(
 
 def _probe_invariance(target: str, backend: str, threads: int | None, dtype: str, strict: bool,
                       rows_list: str | None, max_rows: int, prefixes: str, out) -> None:
-    from draftwise.backends.invariance import DEFAULT_SIZES, probe_invariance
+    from draftwise.backends.invariance import DEFAULT_PREFIXES, DEFAULT_SIZES, cached_probe, probe_invariance
     from draftwise.bench.plots import plot_invariance
 
     try:
@@ -347,7 +347,10 @@ def _probe_invariance(target: str, backend: str, threads: int | None, dtype: str
         with progress_to(_dim):
             loaded = load_backend(target, backend, threads, dtype=dtype, strict=strict)
         with progress_to(lambda m: err.print(m, markup=False, highlight=False)):
-            probe = probe_invariance(loaded, prefixes=lengths, sizes=sizes)
+            if (sizes, lengths) == (DEFAULT_SIZES, DEFAULT_PREFIXES):  # the cached one (a strict load probed it)
+                probe = cached_probe(loaded)
+            else:
+                probe = probe_invariance(loaded, prefixes=lengths, sizes=sizes)
         probe.save(out)
     except (DraftwiseError, OSError) as exc:
         _fail(str(exc))

@@ -88,10 +88,15 @@ class LlamaCppKernels:
     flash_attn: bool = False  # llama-cpp-python's default
     repack: bool = True  # llama.cpp's interleaved weight layouts (use_extra_bufts), its default
     min_rows: int = 1  # every decode evaluates at least this many rows; throwaway rows pad it
+    # a tree commit leaves its rejected rows' cells held (by a graveyard sequence) instead of
+    # freeing them: freed cells between accepted ones would be refilled by later tokens, whose
+    # cells would then sit out of position order, and flash attention sums cells in index order
+    keep_rejected_cells: bool = False
 
     def describe(self) -> str:
         return (f"flash attention {'on' if self.flash_attn else 'off'}, repacked weights "
-                f"{'on' if self.repack else 'off'}, decodes of >= {self.min_rows} row(s)")
+                f"{'on' if self.repack else 'off'}, decodes of >= {self.min_rows} row(s)"
+                + (", rejected tree cells kept" if self.keep_rejected_cells else ""))
 
 
 DEFAULT_KERNELS = LlamaCppKernels()
@@ -99,7 +104,7 @@ DEFAULT_KERNELS = LlamaCppKernels()
 # >= 2 rows (a plain step takes a verify's kernels, and no thread splits one query's keys),
 # weights not repacked (a repacked gemm splits rows 4 by 4).  Rows are then bit-identical up to
 # the row count the probe measures for the model, which becomes `max_verify_rows`.
-STRICT_KERNELS = LlamaCppKernels(flash_attn=True, repack=False, min_rows=2)
+STRICT_KERNELS = LlamaCppKernels(flash_attn=True, repack=False, min_rows=2, keep_rejected_cells=True)
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,7 @@ class _Handles:
 
 
 def _new_context(model, n_ctx: int, n_seq: int, threads: int, path: str, kernels: LlamaCppKernels):
+    n_seq += 1 if kernels.keep_rejected_cells else 0  # the graveyard: the last sequence id
     if n_seq > LLAMACPP_MAX_SEQUENCES:
         raise BackendError(f"a tree of {n_seq - 1} leaves needs {n_seq} sequences; a llama.cpp "
                            f"context holds at most {LLAMACPP_MAX_SEQUENCES} (use a narrower tree)")
@@ -173,6 +179,7 @@ class LlamaCppBackend:
         self._n_vocab = info.vocab_size
         self._batch = NumpyBatch(max(_N_BATCH, info.max_verify_rows), max_tree_leaves + 1)
         self._committed = 0  # cells of sequence 0 that are authoritative: positions [0, committed)
+        self._dead = 0  # rejected tree rows' cells the graveyard holds (strict kernels), until reset
         self._pending_rows = 0  # provisional rows of the last verify (pending included)
         self._round: CompiledRound | None = None  # the provisional round; None for a pending-only verify
         # sequence -> the candidate row its path ends at: a chain lives in sequence 0, leaf i of a
@@ -257,9 +264,15 @@ class LlamaCppBackend:
         self._batch = NumpyBatch(max(_N_BATCH, self.info.max_verify_rows), leaves + 1)
         self.reset()
 
+    @property
+    def _graveyard(self) -> int | None:
+        """The sequence that holds rejected tree cells (strict kernels), else None."""
+        return self.max_tree_leaves + 1 if self.kernels.keep_rejected_cells else None
+
     def reset(self) -> None:
         llama_cpp.llama_memory_clear(self._mem, False)
         self._committed = 0
+        self._dead = 0
         self._pending_rows = 0
         self._round = None
         self._seq_end = {}
@@ -460,12 +473,17 @@ class LlamaCppBackend:
             seq = 0
         else:
             seq = self._seq_through(accepted_rows)
+        leaves = sorted(set(self._seq_end) - {0})
         if seq == 0:
-            if set(self._seq_end) - {0}:
-                llama_cpp.llama_memory_seq_keep(self._mem, 0)  # every other sequence's cells and tags go
+            if leaves:  # every other sequence's cells and tags go (the rows past the pending one)
+                self._keep_only(0, leaves)
             self._seq_rm(0, end)  # sequence 0's rows past the accepted ones (a chain's tail)
         else:
-            llama_cpp.llama_memory_seq_keep(self._mem, seq)
+            if self._graveyard is not None:  # the rejected rows' cells stay held: no holes between accepted cells
+                for leaf in leaves:
+                    llama_cpp.llama_memory_seq_cp(self._mem, leaf, self._graveyard, t + 1, -1)
+                self._dead += self._pending_rows - 1 - k
+            self._keep_only(seq, leaves)
             self._seq_rm(seq, end)  # rows below the accepted node, when it is not a leaf
             llama_cpp.llama_memory_seq_cp(self._mem, seq, 0, -1, -1)
             self._seq_rm(seq, -1)
@@ -499,8 +517,18 @@ class LlamaCppBackend:
         self._round, self._seq_end = None, {}
         self._rows_hidden = None
 
+    def _keep_only(self, seq: int, leaves: Sequence[int]) -> None:
+        """Drop every leaf sequence but `seq` (their cells are freed unless another sequence
+        holds them).  llama.cpp's seq_keep would also free the graveyard's cells."""
+        if self._graveyard is None:
+            llama_cpp.llama_memory_seq_keep(self._mem, seq)
+            return
+        for leaf in leaves:
+            if leaf != seq:
+                self._seq_rm(leaf, -1)
+
     def _drop_tree(self, t: int) -> None:
-        llama_cpp.llama_memory_seq_keep(self._mem, 0)  # frees tree cells, strips leaf tags from the prefix
+        self._keep_only(0, sorted(set(self._seq_end) - {0}))  # frees tree cells, strips leaf tags from the prefix
         self._seq_rm(0, t)  # the pending token
         self._round, self._seq_end = None, {}
 
@@ -517,9 +545,10 @@ class LlamaCppBackend:
 
     def _check_room(self, rows: int) -> None:
         rows = max(rows, self.kernels.min_rows)  # pad rows hold cells while the decode runs
-        if self._committed + rows > self.info.context_length:
+        if self._committed + self._dead + rows > self.info.context_length:
+            held = f" + {self._dead} rejected tree cells held (strict)" if self._dead else ""
             raise ContextOverflow(
-                f"{self._committed} cached + {rows} new rows exceed the context of {self.info.context_length}"
+                f"{self._committed} cached{held} + {rows} new rows exceed the context of {self.info.context_length}"
             )
 
     def kv_bytes(self) -> int:
