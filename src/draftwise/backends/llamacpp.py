@@ -28,6 +28,15 @@ and `seq_rm(s)` hand the cells back to sequence 0.  The prefix is never re-evalu
 Logits come back as a zero-copy view of llama.cpp's output buffer: valid until the next
 `extend` or `verify` overwrites it.
 
+Strict kernels (`STRICT_KERNELS`, loaded through `invariance.load_strict`): a decode of one row
+gets a throwaway second row (same sequences, one position further, logits on) whose cell is
+dropped right after, so that plain steps run the kernels verify batches run; and a tree commit
+hands its rejected rows' cells to a graveyard sequence (the last id) instead of freeing them:
+llama.cpp refills the lowest free cells first, and a later token in a hole between accepted
+cells would put the cache out of position order, which flash attention, summing cells in index
+order, would round differently from plain decoding.  The graveyard lives until `reset`, and its
+cells count against the context (`_check_room`).
+
 Hidden states (`track_hidden`, for draft heads): every context is created with pooling type
 NONE (per-token embeddings) and embeddings off; once tracking, each verify decode runs with embeddings on
 (`llama_set_embeddings`, no new context), so llama.cpp also returns the final-norm row of every
