@@ -1,6 +1,7 @@
 """--method parsing: the compact syntax, config files, peers, errors, references."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -81,6 +82,18 @@ def test_peers():
         parse_method("hf-plain:tokens=3", DEFAULTS)
 
 
+def test_llamacpp_plain_feed():
+    users = parse_method("llamacpp-plain", DEFAULTS)
+    assert users.feed == "generate" and not users.fed_like_draftwise and "feed" not in users.describe()
+    like = parse_method("like=llamacpp-plain:feed=draftwise", DEFAULTS)
+    assert like.fed_like_draftwise and like.is_plain and "feed=draftwise" in like.describe()
+    assert parse_method("u=llamacpp-plain:feed=generate", DEFAULTS) == replace(users, name="u")
+    with pytest.raises(MethodError, match="feed must be one of generate, draftwise"):
+        parse_method("x=llamacpp-plain:feed=whole", DEFAULTS)
+    with pytest.raises(MethodError, match="unknown key"):  # only the plain peer has a like-for-like counterpart
+        parse_method("x=llamacpp-prompt-lookup:feed=draftwise", DEFAULTS)
+
+
 def test_config_files(tmp_path):
     j = tmp_path / "m.json"
     j.write_text(json.dumps({"proposer": "draft-model", "k": 4, "backend": "transformers", "tree": [[0], [1], [0, 0]]}))
@@ -100,6 +113,12 @@ def test_references_per_family_prefer_draftwise_plain():
     refs = references(methods)
     assert refs["hf-prompt-lookup"] == "dwp" and refs["hf-plain"] == "dwp" and refs["dwl"] == "dwp"
     assert refs["cpp"] == "llamacpp-plain" and refs["llamacpp-prompt-lookup"] == "llamacpp-plain"
+    # without draftwise plain, the peer fed like draftwise is the reference, wherever it is listed
+    peers = [parse_method(t, DEFAULTS) for t in ("llamacpp-plain", "like=llamacpp-plain:feed=draftwise",
+                                                 "cpp=dw:backend=llamacpp")]
+    assert references(peers) == {"llamacpp-plain": "like", "like": "like", "cpp": "like"}
+    with_dw = peers + [parse_method("cpp-plain=dw:proposer=none,backend=llamacpp", DEFAULTS)]
+    assert set(references(with_dw).values()) == {"cpp-plain"}
     lone = [parse_method("x=dw:backend=transformers", DEFAULTS)]
     assert references(lone) == {"x": None}
 

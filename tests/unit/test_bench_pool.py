@@ -31,3 +31,21 @@ def test_failed_load_is_remembered(monkeypatch):
         with pytest.raises(ModelUnavailable, match="no such file"):
             pool.backend("missing", "llamacpp")
     assert calls == ["missing"]
+
+
+def test_the_like_for_like_llama_is_its_own_object_with_draftwise_context_settings(tmp_path, monkeypatch):
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+    opened = []
+    monkeypatch.setattr(llama_cpp, "Llama", lambda **kwargs: opened.append(kwargs) or object())
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    pool = ModelPool(threads=2, seed=0)
+    users = pool.llama(str(model), None)
+    like = pool.llama(str(model), None, draftwise_context=True)
+    assert like is not users and pool.llama(str(model), None, draftwise_context=True) is like and len(opened) == 2
+    defaults = llama_cpp.llama_context_default_params()  # what draftwise's backend leaves them at
+    assert "yarn_attn_factor" not in opened[0]  # the peer as users run it keeps Llama's own defaults
+    for key in ("yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow", "no_perf"):
+        assert opened[1][key] == getattr(defaults, key)
+    assert opened[1]["yarn_attn_factor"] < 0  # "the model's own", not Llama's 1.0
+    assert opened[0]["n_threads"] == opened[1]["n_threads_batch"] == 2

@@ -29,7 +29,8 @@ METHOD_HELP = (
     "NAME=CONFIG (repeatable). CONFIG: dw[:key=value,...] (keys: proposer, backend, verifier, target, draft, k, "
     "confidence, tree, relation, lookup, ngram, candidates, index, max_nodes, max_depth, exact; dtype is the run's "
     "--dtype), a peer "
-    f"({', '.join(PEERS)}) with optional :target=,draft=,tokens=, or a .json/.toml file of the same keys."
+    f"({', '.join(PEERS)}) with optional :target=,draft=,tokens=,feed= (llamacpp-plain:feed=draftwise feeds the "
+    "prompt as draftwise does, to compare like for like), or a .json/.toml file of the same keys."
 )
 
 

@@ -99,6 +99,6 @@ def prepare(method: MethodSpec, pool: ModelPool, generation: GenerationConfig) -
         target = pool.backend(method.target, "transformers")
         assistant = pool.backend(method.draft, "transformers", role="draft").model if method.kind == "hf-assisted" else None
         return HfExecutor(method, target, assistant, generation)
-    llama = pool.llama(method.target, method.peer_lookup_tokens)
+    llama = pool.llama(method.target, method.peer_lookup_tokens, draftwise_context=method.fed_like_draftwise)
     tokenizer = pool.backend(method.target, "llamacpp")  # same chat rendering and EOS set as draftwise's llama.cpp methods
     return LlamaCppExecutor(method, llama, tokenizer, generation)

@@ -11,7 +11,11 @@ gate, max_nodes, max_depth, exact, calibration; not dtype, which is the run's `-
 (`draftwise proposers` lists them: k, confidence, tree, relation for draft-model; lookup,
 ngram, candidates for prompt-lookup; index for rest; ...).  An unknown key is refused with
 the valid ones; a key of another proposer is refused with the proposer it configures.
-Keys of peers: target; draft (hf-assisted); tokens (prompt-lookup peers, default 10).
+Keys of peers: target; draft (hf-assisted); tokens (prompt-lookup peers, default 10); feed
+(llamacpp-plain: `generate`, the default, runs `Llama.generate` on the whole prompt as users
+do; `draftwise` feeds the prompt as draftwise's engine does, on a context with draftwise's
+settings, so its tokens can be checked against draftwise's llama.cpp plain decoding: see
+`bench/peers.py`).
 
 A comma-separated item without '=' continues the previous value, so tree templates keep
 their commas: `dw:proposer=draft-model,tree=wbd:2,2,1,k=4`.
@@ -37,7 +41,8 @@ PEERS = ("hf-plain", "hf-assisted", "hf-prompt-lookup", "llamacpp-plain", "llama
 PEER_BACKEND = {p: ("transformers" if p.startswith("hf-") else "llamacpp") for p in PEERS}
 PEER_LOOKUP_TOKENS = 10  # transformers' and llama-cpp-python's usual prompt-lookup length
 _PEER_KEYS = {"hf-plain": {"target"}, "hf-assisted": {"target", "draft"}, "hf-prompt-lookup": {"target", "tokens"},
-              "llamacpp-plain": {"target"}, "llamacpp-prompt-lookup": {"target", "tokens"}}
+              "llamacpp-plain": {"target", "feed"}, "llamacpp-prompt-lookup": {"target", "tokens"}}
+FEEDS = ("generate", "draftwise")  # how llamacpp-plain feeds the prompt (peers.py): as users run it, or like draftwise
 
 
 class MethodError(InputError):
@@ -62,6 +67,7 @@ class MethodSpec:
     draft: str | None = None
     decoder: DecoderSpec | None = None  # dw only
     lookup_tokens: int = PEER_LOOKUP_TOKENS  # prompt-lookup peers only
+    feed: str = "generate"  # llamacpp-plain only: one of FEEDS
     dtype: DtypeChoice = DEFAULT_DTYPE  # transformers methods: the run's (`with_run_dtype`)
 
     @property
@@ -77,6 +83,11 @@ class MethodSpec:
         return self.lookup_tokens if self.kind == "llamacpp-prompt-lookup" else None
 
     @property
+    def fed_like_draftwise(self) -> bool:
+        """The llama.cpp plain peer fed and configured as draftwise's engine and backend are (feed=draftwise)."""
+        return self.kind == "llamacpp-plain" and self.feed == "draftwise"
+
+    @property
     def family(self) -> tuple[str, str]:
         """Methods of one family must produce the same greedy tokens (strict llama.cpp methods
         form their own family: their plain decoding runs other kernels than the default's)."""
@@ -87,6 +98,7 @@ class MethodSpec:
         if self.kind != "dw":
             extra = f", draft={self.draft}" if self.kind == "hf-assisted" else ""
             extra += f", tokens={self.lookup_tokens}" if self.kind.endswith("prompt-lookup") else ""
+            extra += ", feed=draftwise" if self.fed_like_draftwise else ""
             if llama_logits_all(self.peer_lookup_tokens):
                 extra += ", logits_all=True"  # how the pool opens it: every report carries it
             if self.dtype != DEFAULT_DTYPE:
@@ -188,8 +200,11 @@ def _peer_method(name: str, kind: str, values: dict[str, str], defaults: MethodD
         raise MethodError(f"method {name!r}: {exc}") from exc
     if tokens < 1:
         raise MethodError(f"method {name!r}: tokens must be >= 1")
+    feed = values.get("feed", "generate")
+    if feed not in FEEDS:
+        raise MethodError(f"method {name!r}: feed must be one of {', '.join(FEEDS)}, not {feed!r}")
     return MethodSpec(name=name, kind=kind, backend=PEER_BACKEND[kind], target=values.get("target", defaults.target),
-                      draft=draft, lookup_tokens=tokens)
+                      draft=draft, lookup_tokens=tokens, feed=feed)
 
 
 def resolve_backend(method: MethodSpec) -> MethodSpec:
@@ -210,13 +225,18 @@ def with_run_dtype(method: MethodSpec, dtype: DtypeChoice) -> MethodSpec:
 
 
 def references(methods: list[MethodSpec]) -> dict[str, str | None]:
-    """Method name -> name of the plain reference of its family (draftwise plain first, else the peer plain)."""
+    """Method name -> name of the plain reference of its family: draftwise plain first, else the
+    llama.cpp plain peer fed like draftwise (feed=draftwise), else the peer plain as users run it."""
     chosen: dict[tuple[str, str], str] = {}
-    for preferred in (True, False):
+    for rank in (0, 1, 2):
         for m in methods:
-            if m.is_plain and (m.kind == "dw") == preferred:
+            if m.is_plain and _reference_rank(m) == rank:
                 chosen.setdefault(m.family, m.name)
     return {m.name: chosen.get(m.family) for m in methods}
+
+
+def _reference_rank(method: MethodSpec) -> int:
+    return 0 if method.kind == "dw" else 1 if method.fed_like_draftwise else 2
 
 
 def check_names(methods: list[MethodSpec]) -> None:

@@ -15,6 +15,24 @@ llama.cpp peers: llama-cpp-python's high-level `Llama.generate` token iterator, 
 before each call: otherwise `Llama` reuses the KV of a matching earlier prompt and skips the
 prefill the other methods pay.  The prompt ids come from draftwise's llama.cpp backend, so
 both llama.cpp families tokenize the chat identically.
+
+How `llamacpp-plain` is run, and why it parts from draftwise's plain decoding.  As users run
+it (feed=generate, the default), `generate(prompt)` decodes the WHOLE prompt in one batch
+(512-row chunks) and samples from its last row.  draftwise's engine decodes the prompt but its
+last token (512-row chunks, last row's logits only), then that last token ALONE as the pending
+row of its first step.  llama.cpp's CPU kernels are not batch-invariant: a row decoded alone
+can differ from the same row inside a batch of >= 2 rows (flash attention off), so the last
+prompt token's KV cell and the first logits differ between the two, and at a later near-tie
+(top two a few hundredths of a logit apart) the argmax flips and the texts part.  The feed
+alone decides it, not the sampler (both take the first argmax), the BOS (both get the same
+ids), threads or the context settings (identical logits when fed alike): see
+`benchmarks/llamacpp_plain_agreement/` for the counts.
+`feed=draftwise` is the like-for-like run: `eval(prompt[:-1])` (the same 512-row chunks, last
+row output only), then `generate([prompt[-1]], reset=False)`, which decodes just that token
+after the cached ones and then one row per step, on a `Llama` opened with draftwise's context
+settings (`pool.draftwise_context_settings`).  Its tokens are draftwise's plain decoding's, so
+the bench's mismatch check tells a draftwise bug from llama.cpp's batch shapes; its speed is
+llama-cpp-python's plus one one-row decode per prompt.
 """
 
 from __future__ import annotations
@@ -119,8 +137,12 @@ class LlamaCppExecutor:
         self.llama.reset()
         self.llama.set_seed(self.generation.seed)  # every call starts from the seed, as draftwise's and transformers' do
         clock = EmitClock()
-        iterator = self.llama.generate(list(prompt), temp=policy.temperature, top_k=policy.top_k, top_p=policy.top_p,
-                                       min_p=0.0, typical_p=1.0, repeat_penalty=1.0)
+        feed, reset = list(prompt), True
+        if self.method.fed_like_draftwise:  # the prompt but its last token first; that token alone in step 1
+            self.llama.eval(feed[:-1])
+            feed, reset = feed[-1:], False  # reset=False: decode just this token after the cached ones
+        iterator = self.llama.generate(feed, reset=reset, temp=policy.temperature, top_k=policy.top_k,
+                                       top_p=policy.top_p, min_p=0.0, typical_p=1.0, repeat_penalty=1.0)
         for token in iterator:
             clock.emit(1)
             tokens.append(int(token))

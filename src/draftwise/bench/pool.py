@@ -8,7 +8,7 @@ with that reason instead of retrying.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from draftwise.backends.base import Backend
 from draftwise.backends.dtype import DEFAULT_DTYPE, DtypeChoice
@@ -47,11 +47,14 @@ class ModelPool:
         return self._get(("backend", model, kind, role) + (("strict",) if strict else ()),
                          lambda: load_backend(model, kind, self.threads, dtype=dtype, strict=strict))
 
-    def llama(self, model: str, lookup_tokens: int | None) -> object:
+    def llama(self, model: str, lookup_tokens: int | None, draftwise_context: bool = False) -> object:
         """llama-cpp-python's high-level `Llama`; with `lookup_tokens` it carries LlamaPromptLookupDecoding.
         Two objects, not one: a draft model makes `Llama` keep logits for every row (logits_all),
-        which is fixed when the context is created."""
-        return self._get(("llama", model, lookup_tokens), lambda: self._load_llama(model, lookup_tokens))
+        which is fixed when the context is created.  `draftwise_context` opens a third, with the
+        context settings of draftwise's llama.cpp backend (`draftwise_context_settings`), for the
+        plain peer that is compared like for like with draftwise's plain decoding."""
+        key = ("llama", model, lookup_tokens, "draftwise-context" if draftwise_context else None)
+        return self._get(key, lambda: self._load_llama(model, lookup_tokens, draftwise_context))
 
     def loaded(self) -> list[tuple]:
         return list(self._loaded)
@@ -68,7 +71,7 @@ class ModelPool:
                 raise ModelUnavailable(self._failed[key]) from exc
         return self._loaded[key]
 
-    def _load_llama(self, model: str, lookup_tokens: int | None):
+    def _load_llama(self, model: str, lookup_tokens: int | None, draftwise_context: bool = False):
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
@@ -78,8 +81,28 @@ class ModelPool:
         if resolved.kind != "gguf":
             raise ValueError(f"llama.cpp loads .gguf models; {model!r} is a {resolved.kind}")
         draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens) if lookup_tokens else None
+        settings: dict[str, Any] = draftwise_context_settings() if draftwise_context else {}
         return Llama(model_path=resolved.path, n_ctx=LLAMA_N_CTX, n_threads=self.threads, n_threads_batch=self.threads,
-                     seed=self.seed, draft_model=draft, logits_all=llama_logits_all(lookup_tokens), verbose=False)
+                     seed=self.seed, draft_model=draft, logits_all=llama_logits_all(lookup_tokens), verbose=False,
+                     **settings)
+
+
+def draftwise_context_settings() -> dict[str, Any]:
+    """`Llama` arguments that make its context the one draftwise's llama.cpp backend creates.
+
+    Both start from `llama_context_default_params()` and agree on n_batch = n_ubatch = 512,
+    F16 K/V, flash attention off, n_seq_max 1, threads.  `Llama` overrides three YaRN values
+    with numbers (attn_factor 1, beta_fast 32, beta_slow 1) where the defaults are -1 = "the
+    model's own": the same numbers for a model without YaRN metadata (SmolLM2 and
+    Qwen2.5-Coder give bit-identical logits either way), not for one that declares them.  It
+    also turns perf counters on (no_perf False: timing only).  One difference stays: `Llama`
+    sets kv_unified only for embedding models, draftwise always; with n_seq_max 1 llama.cpp
+    keeps one KV stream either way."""
+    import llama_cpp
+
+    defaults = llama_cpp.llama_context_default_params()
+    return {"yarn_attn_factor": defaults.yarn_attn_factor, "yarn_beta_fast": defaults.yarn_beta_fast,
+            "yarn_beta_slow": defaults.yarn_beta_slow, "no_perf": defaults.no_perf}
 
 
 def llama_logits_all(lookup_tokens: int | None) -> bool:
