@@ -24,5 +24,5 @@ cpp="backend=llamacpp"
   --method strict-lookup=dw:proposer=prompt-lookup,$cpp,strict=true \
   --method strict-lookup-tree=dw:proposer=prompt-lookup,$cpp,candidates=4,strict=true \
   --method strict-lookup-gate=dw:proposer=prompt-lookup,$cpp,gate=auto,strict=true \
-  --method llamacpp-plain "$@"
+  --method llamacpp-plain --method llamacpp-plain-fed=llamacpp-plain:feed=draftwise "$@"
 .venv/bin/python benchmarks/llamacpp_ties.py "$out" --workload humaneval:0-19 --workload spec-bench:40

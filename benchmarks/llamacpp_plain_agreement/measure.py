@@ -21,7 +21,6 @@ It also dumps the two llama_context_params (draftwise's backend vs the bench's `
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import logging
 import time
