@@ -9,10 +9,12 @@ Decodes the first turns of Spec-Bench development questions greedily four ways o
   peer-split  llama-cpp-python fed like draftwise: `reset(); eval(prompt[:-1]); generate([prompt[-1]], reset=False)`
   dw-whole    draftwise's llama.cpp backend fed like `Llama.generate`: `extend(prompt)` (the whole prompt in one
               batch, its last row's logits pick the first token), then verify/commit one row per step
+  peer-like   the bench's like-for-like peer, `llamacpp-plain:feed=draftwise` (peer-split's feed, on a `Llama`
+              opened with draftwise's context settings: bench/pool.py `draftwise_context_settings`)
 
 and compares them token for token.  peer-split and dw-whole record each step's logits (top-2 margin) so a
 divergence can be told apart from an argmax tie; the first step's logits of the four are compared too.
-It also dumps the two llama_context_params (draftwise's backend vs the bench's `Llama`), field by field.
+It also dumps the llama_context_params of draftwise's backend and of the bench's two `Llama`s, field by field.
 
     PYTHONPATH=src .venv/bin/python benchmarks/llamacpp_plain_agreement/measure.py \
         --model smollm2-135m --workload spec-bench:10 --new 96 --out benchmarks/llamacpp_plain_agreement/smollm2.json
@@ -110,6 +112,29 @@ def first_difference(a, b) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def write(args, captured: dict, differing: dict, rows: list, prompts: int, seconds: float) -> dict:
+    """The result file, rewritten after every prompt (a run stopped midway keeps what it measured)."""
+    counts = {name: sum(r["pairs"][name]["agree"] for r in rows) for name in rows[0]["pairs"]}
+    result = {
+        "model": args.model,
+        "workload": args.workload,
+        "new_tokens": args.new,
+        "threads": args.threads,
+        "llama_cpp_python": llama_cpp.__version__,
+        "prompts": prompts,
+        "prompts_done": len(rows),
+        "agree_counts": counts,
+        "dw_backend_split_equals_dw_engine": sum(r["dw_backend_split_equals_dw_engine"] for r in rows),
+        "context_params_differing_from_draftwise (draftwise's, Llama's)": differing,
+        "context_params": captured,
+        "seconds": round(seconds, 1),
+        "rows": rows,
+    }
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    return counts
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
@@ -137,10 +162,13 @@ def main() -> None:
     finally:
         llama_cpp.llama_init_from_model = original
     peer = prepare(parse_method("peer=llamacpp-plain", defaults), pool, generation)
+    like = prepare(parse_method("like=llamacpp-plain:feed=draftwise", defaults), pool, generation)
     llama = peer.llama
     captured["llama_cpp_python"] = cparams_dict(llama.context_params)
-    differing = {k: (v, captured["llama_cpp_python"].get(k)) for k, v in captured["draftwise"].items()
-                 if captured["llama_cpp_python"].get(k) != v}
+    captured["llama_cpp_python_feed_draftwise"] = cparams_dict(like.llama.context_params)
+    differing = {other: {k: (v, captured[other].get(k)) for k, v in captured["draftwise"].items()
+                         if captured[other].get(k) != v}
+                 for other in ("llama_cpp_python", "llama_cpp_python_feed_draftwise")}
     # a second, private draftwise backend for the low-level runs (the bench's stays untouched)
     from draftwise.build import load_backend
     backend = load_backend(args.model, "llamacpp", args.threads)
@@ -155,12 +183,13 @@ def main() -> None:
             "dw": list(dw.run(prompt, args.new).tokens),
         }
         runs["peer-split"], m_peer_split, f_peer_split = llama_split_decode(llama, prompt, args.new, eos)
+        runs["peer-like"] = list(like.run(prompt, args.new).tokens)
         runs["dw-whole"], m_dw_whole, f_dw_whole = dw_backend_decode(backend, prompt, args.new, whole=True)
         dw_split_tokens, m_dw_split, f_dw_split = dw_backend_decode(backend, prompt, args.new, whole=False)
         f_peer_whole = llama_whole_first_logits(llama, prompt)
         pairs = {}
-        for a, b in (("peer", "dw"), ("peer-split", "dw"), ("peer", "dw-whole"), ("peer", "peer-split"),
-                     ("dw", "dw-whole")):
+        for a, b in (("peer", "dw"), ("peer-split", "dw"), ("peer-like", "dw"), ("peer", "dw-whole"),
+                     ("peer", "peer-split"), ("dw", "dw-whole")):
             d = first_difference(runs[a], runs[b])
             entry = {"agree": d is None, "first_difference": d}
             if d is not None:  # margins at the divergence, under each feeding (same context up to d)
@@ -187,23 +216,7 @@ def main() -> None:
         rows.append(row)
         print(json.dumps({"index": i, "prompt_tokens": len(prompt),
                           **{k: v["first_difference"] for k, v in pairs.items()}}), flush=True)
-    counts = {name: sum(r["pairs"][name]["agree"] for r in rows) for name in rows[0]["pairs"]}
-    result = {
-        "model": args.model,
-        "workload": args.workload,
-        "new_tokens": args.new,
-        "threads": args.threads,
-        "llama_cpp_python": llama_cpp.__version__,
-        "prompts": len(prompts),
-        "agree_counts": counts,
-        "dw_backend_split_equals_dw_engine": sum(r["dw_backend_split_equals_dw_engine"] for r in rows),
-        "context_params_differing (draftwise, llama-cpp-python)": differing,
-        "context_params": captured,
-        "seconds": round(time.perf_counter() - t0, 1),
-        "rows": rows,
-    }
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+        counts = write(args, captured, differing, rows, len(prompts), time.perf_counter() - t0)
     print(json.dumps({"agree_counts": counts, "differing_params": differing}, indent=1))
 
 

@@ -25,8 +25,8 @@ can differ from the same row inside a batch of >= 2 rows (flash attention off), 
 prompt token's KV cell and the first logits differ between the two, and at a later near-tie
 (top two a few hundredths of a logit apart) the argmax flips and the texts part.  The feed
 alone decides it, not the sampler (both take the first argmax), the BOS (both get the same
-ids), threads or the context settings (identical logits when fed alike): see
-`benchmarks/llamacpp_plain_agreement/` for the counts.
+ids) or the context settings (same threads and batch sizes; identical logits when fed alike):
+see `benchmarks/llamacpp_plain_agreement/` for the counts.
 `feed=draftwise` is the like-for-like run: `eval(prompt[:-1])` (the same 512-row chunks, last
 row output only), then `generate([prompt[-1]], reset=False)`, which decodes just that token
 after the cached ones and then one row per step, on a `Llama` opened with draftwise's context
