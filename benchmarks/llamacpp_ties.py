@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 from draftwise.backends.invariance import cached_probe, find_divergence
+from draftwise.bench.main import finish
 from draftwise.build import load_backend
 from draftwise.workloads import messages_for, parse_workloads
 
@@ -68,6 +69,7 @@ def main() -> None:
         print(f"{name}: {len(rows)} questions part from {reference}; {sum(r['near_tie'] for r in rows)} at near-ties "
               f"(bound {probe.near_tie_bound():.3g})")
     (args.run / "ties.json").write_text(json.dumps(result, indent=1) + "\n")
+    finish(args.run)  # the report states the probe and the near-tie verdicts beside the mismatch counts
 
 
 if __name__ == "__main__":

@@ -51,6 +51,15 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def _int_list(text: str, flag: str) -> tuple[int, ...]:
+    """A comma-separated list of integers given to `flag`, or a clear error."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        _fail(f"{flag} {text!r} is not a comma-separated list of integers")
+        raise  # unreachable: _fail exits
+
+
 @app.command()
 def generate(
     prompt: str = typer.Argument(..., help="Prompt text (use --chat to wrap it in the model's chat template)."),
@@ -298,11 +307,7 @@ def profile(
         _probe_invariance(target, backend, threads, dtype, strict, rows_list, max_rows, prefixes, Path(out))
         return
     if rows_list:
-        try:
-            rows = tuple(sorted({int(r) for r in rows_list.split(",")}))
-        except ValueError:
-            _fail(f"--rows {rows_list!r} is not a comma-separated list of integers")
-            return
+        rows = tuple(sorted(set(_int_list(rows_list, "--rows"))))
         if rows[0] < 1:
             _fail(f"--rows {rows_list!r}: a round verifies at least 1 row")
             return
@@ -336,13 +341,8 @@ def _probe_invariance(target: str, backend: str, threads: int | None, dtype: str
     from draftwise.backends.invariance import DEFAULT_PREFIXES, DEFAULT_SIZES, cached_probe, probe_invariance
     from draftwise.bench.plots import plot_invariance
 
-    try:
-        sizes = (tuple(int(r) for r in rows_list.split(",")) if rows_list
-                 else tuple(n for n in DEFAULT_SIZES if n <= max_rows))
-        lengths = tuple(int(p) for p in prefixes.split(","))
-    except ValueError:
-        _fail(f"--rows {rows_list!r} / --prefixes {prefixes!r}: expected comma-separated integers")
-        return
+    sizes = _int_list(rows_list, "--rows") if rows_list else tuple(n for n in DEFAULT_SIZES if n <= max_rows)
+    lengths = _int_list(prefixes, "--prefixes")
     try:
         with progress_to(_dim):
             loaded = load_backend(target, backend, threads, dtype=dtype, strict=strict)

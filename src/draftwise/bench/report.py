@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 DEFINITIONS = """\
@@ -172,7 +173,7 @@ def _split_table(summary: dict) -> list[str]:
     return lines + [""]
 
 
-def _exactness(summary: dict) -> list[str]:
+def _exactness(summary: dict, ties: dict) -> list[str]:
     lines = ["## Exactness", ""]
     if summary["settings"]["temperature"] != 0.0:
         return lines + ["Sampling run (temperature > 0): outputs are not compared token by token.", ""]
@@ -191,6 +192,7 @@ def _exactness(summary: dict) -> list[str]:
                               for x in o["mismatch_examples"][:5])
             lines.append(f"- **{name}: {o['mismatches']} of {o['compared_turns']} turns differ from {m['reference']}**; "
                          f"first: {first}.")
+    lines += _kernel_rounding(ties)
     if any(m["overall"]["mismatches"] for m in summary["methods"].values()):
         lines += ["", "A difference disqualifies the speedup whatever its cause. Causes to tell apart: a bug, or kernels "
                       "whose rounding depends on the batch shape (llama.cpp's quantized CPU matmuls can flip a near-tie "
@@ -198,9 +200,24 @@ def _exactness(summary: dict) -> list[str]:
     return lines + [""]
 
 
-def render_report(summary: dict, plots: list[Path]) -> str:
+def _kernel_rounding(ties: dict) -> list[str]:
+    """What `benchmarks/llamacpp_ties.py` found on replaying each divergence (ties.json): the
+    target's invariance statement, and whether every parting sits at a near-tie within its bound."""
+    if not ties:
+        return []
+    lines = ["", "Divergences replayed against the target's invariance probe (ties.json):", ""]
+    for name, t in ties.items():
+        parted = t["divergent_questions"]
+        verdict = ("no question parts" if not parted else
+                   f"{parted} question(s) part, {t['near_ties']} of them at near-ties"
+                   + ("" if t["near_ties"] == parted else " — **the rest are not explained by kernel rounding**"))
+        lines.append(f"- {name} vs {t['reference']}: {verdict}; {t['probe']}.")
+    return lines
+
+
+def render_report(summary: dict, plots: list[Path], ties: dict | None = None) -> str:
     lines = _overview(summary) + _methods_table(summary) + _overall_table(summary) + _category_table(summary)
-    lines += _split_table(summary) + _exactness(summary)
+    lines += _split_table(summary) + _exactness(summary, ties or {})
     if plots:
         lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
     lines += ["## Definitions", "", DEFINITIONS]
@@ -208,6 +225,9 @@ def render_report(summary: dict, plots: list[Path]) -> str:
 
 
 def write_report(summary: dict, root: Path, plots: list[Path]) -> Path:
+    """report.md; a ties.json beside it (benchmarks/llamacpp_ties.py) adds its near-tie verdicts."""
+    ties_path = root / "ties.json"
+    ties = json.loads(ties_path.read_text()) if ties_path.is_file() else {}
     path = root / "report.md"
-    path.write_text(render_report(summary, plots))
+    path.write_text(render_report(summary, plots, ties))
     return path
