@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from draftwise.backends.invariance import cached_probe, find_divergence
+from draftwise.backends.invariance import SHAPES, cached_probe, find_divergence
 from draftwise.bench.main import finish
 from draftwise.build import load_backend
 from draftwise.workloads import messages_for, parse_workloads
@@ -45,11 +45,12 @@ def main() -> None:
         reference = method.get("reference")
         if not reference or reference == name or method["backend"] != "llamacpp" or not method["config"].startswith("dw:"):
             continue
-        strict = "strict=true" in method["config"]
-        if strict not in backends:
-            backends[strict] = load_backend(args.target, "llamacpp", args.threads, strict=strict)
-        backend = backends[strict]
-        probe = cached_probe(backend)
+        family = method.get("family") or method["backend"] + (" strict trees" if "strict=true" in method["config"] else "")
+        scope = family.split(" strict ")[1].split()[0] if " strict " in family else None  # earlier runs: trees
+        if scope not in backends:
+            backends[scope] = load_backend(args.target, "llamacpp", args.threads, strict=scope)
+        backend = backends[scope]
+        probe = cached_probe(backend, shapes=("chain",) if scope == "chains" else SHAPES)
         mine, ref = answers(args.run, name), answers(args.run, reference)
         rows = []
         for qid, turns in mine.items():

@@ -9,7 +9,7 @@ other generation lengths reuse them.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from draftwise.backends.base import Backend
 from draftwise.backends.dtype import DEFAULT_DTYPE, DtypeChoice
@@ -18,6 +18,9 @@ from draftwise.engine import GenerationResult, SpeculativeDecoder
 from draftwise.resolve import Choice, check, resolve
 from draftwise.spec import CALIBRATION_WORKLOAD, DecoderSpec, spec_from_options
 from draftwise.text_stream import TextPieces
+
+if TYPE_CHECKING:
+    from draftwise.backends.invariance import StrictScope
 
 # (model name, backend name, role "target" or "draft") -> a loaded backend
 Loader = Callable[[str, str, str], Backend]
@@ -80,10 +83,11 @@ class Decoder:
 
 
 def default_loader(threads: int | None = None, device: str = "cpu", dtype: DtypeChoice = DEFAULT_DTYPE,
-                   strict: bool = False) -> Loader:
+                   strict: StrictScope | None = None) -> Loader:
     def load(model: str, backend: str, role: str) -> Backend:
         # strict is the target's: a draft's rows only choose candidates, never what is published
-        return load_backend(model, backend, threads, device=device, dtype=dtype, strict=strict and role == "target")
+        return load_backend(model, backend, threads, device=device, dtype=dtype,
+                            strict=strict if role == "target" else None)
     return load
 
 
@@ -94,7 +98,7 @@ def open_decoder(spec: DecoderSpec | None = None, *, loader: Loader | None = Non
     applied on top of `spec` (default: `DecoderSpec()`)."""
     spec = spec_from_options(_as_strings(options), spec or DecoderSpec())
     check(spec)
-    load = loader or default_loader(spec.threads, spec.device, spec.dtype, spec.strict)
+    load = loader or default_loader(spec.threads, spec.device, spec.dtype, spec.strict_scope)
     target = load(spec.target, spec.backend, "target")
     draft = load(spec.draft, spec.backend, "draft") if spec.draft and spec.uses_draft_model else None
     resolved, choices = resolve(spec, target, draft, calibration=calibration)

@@ -9,6 +9,7 @@ config dataclasses of each component; this module only reads them.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 from dataclasses import replace
 
 from draftwise.backends.base import Backend
@@ -26,6 +27,9 @@ from draftwise.topology.compile import TreeLimits
 from draftwise.verify.base import bind
 from draftwise.verify.registry import make_verifier
 
+
+if TYPE_CHECKING:
+    from draftwise.backends.invariance import StrictScope
 
 def llamacpp_available() -> bool:
     try:
@@ -45,12 +49,13 @@ def choose_backend(name: str, model: ResolvedModel) -> str:
 
 
 def load_backend(model_name: str, backend: str = "auto", threads: int | None = None, device: str = "cpu",
-                 dtype: DtypeChoice = DEFAULT_DTYPE, strict: bool = False) -> Backend:
+                 dtype: DtypeChoice = DEFAULT_DTYPE, strict: StrictScope | None = None) -> Backend:
     """A backend for `model_name`; it sizes its own per-round resources when a decoder starts.
     `dtype` is the transformers backend's (float32, bfloat16, or auto: the faster here, measured
-    once and cached); llama.cpp runs the GGUF's own types and takes only the default.  `strict`:
-    llama.cpp with the kernels whose verify rows are bit-identical to plain decoding's, capped
-    at the rows the invariance probe measured exact (probed on first use, cached)."""
+    once and cached); llama.cpp runs the GGUF's own types and takes only the default.  `strict`
+    ("chains" or "trees"): llama.cpp with the kernels whose verify rows of that shape are
+    bit-identical to plain decoding's, capped at the rows the invariance probe measured exact
+    (probed on first use, cached)."""
     check_dtype(dtype)  # before anything is loaded
     model = resolve(model_name)
     kind = choose_backend(backend, model)
@@ -59,7 +64,7 @@ def load_backend(model_name: str, backend: str = "auto", threads: int | None = N
     if strict:
         from draftwise.backends.invariance import load_strict
 
-        return load_strict(model, threads)
+        return load_strict(model, threads, scope=strict)
     if kind == "llamacpp":
         if model.kind != "gguf":
             raise InputError(f"the llamacpp backend loads .gguf models; {model_name!r} is a {model.kind}")

@@ -94,7 +94,7 @@ def generate(
     stop: list[str] = typer.Option([], help="Stop string (repeatable)."),
     calibration_workload: str = typer.Option(CALIBRATION_WORKLOAD, help="Prompts that calibrate --tree auto and --proposer auto on first use."),
     compare_ar: bool = typer.Option(False, "--compare-ar", help="Also run plain decoding and compare."),
-    strict: bool = typer.Option(False, "--strict", help="llama.cpp: kernels whose verify rows are bit-identical to plain decoding's (flash attention, >= 2-row decodes, unpacked weights), rounds capped at the rows the invariance probe measured exact (= --set strict=true)."),
+    strict: bool = typer.Option(False, "--strict", help="llama.cpp: kernels whose verify rows are bit-identical to plain decoding's (>= 2-row decodes; for a drafter that may branch also flash attention, unpacked weights), rounds capped at the rows the invariance probe measured exact (= --set strict=true; strict=chains|trees chooses the kernel set)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text and stats."),
 ) -> None:
     """Generate text with speculative decoding and print the statistics."""
@@ -294,7 +294,7 @@ def profile(
     extend: bool = typer.Option(False, "--extend", help="Time extends of n tokens with the last row's logits only (a draft's catch-up) instead of verifies."),
     invariance: bool = typer.Option(False, "--invariance", help="Instead of timing, probe whether verify rows (chains and trees of --rows sizes after --prefixes) are bit-identical to plain decoding's rows, and save an invariance_probe artifact."),
     prefixes: str = typer.Option("40,256,700", help="--invariance: committed prefix lengths to probe at."),
-    strict: bool = typer.Option(False, "--strict", help="llama.cpp with the strict kernels (see `generate --strict`)."),
+    strict: Optional[str] = typer.Option(None, "--strict", help="llama.cpp with the strict kernels for chains or trees (see `generate --strict`)."),
     out: str = typer.Option(..., help="Directory for the verify_profile (or invariance_probe) artifact."),
 ) -> None:
     """Measure t(n)/t(1), the target's verify time for n rows, and save it as an artifact."""
@@ -303,6 +303,8 @@ def profile(
     from draftwise.backends.profile import write_profile
 
     _quiet_llama_cpp()
+    if strict is not None and strict not in ("chains", "trees"):
+        _fail(f"--strict {strict!r}: choose chains or trees")
     if invariance:
         _probe_invariance(target, backend, threads, dtype, strict, rows_list, max_rows, prefixes, Path(out))
         return
@@ -336,9 +338,9 @@ def profile(
     Console().print(table)
 
 
-def _probe_invariance(target: str, backend: str, threads: int | None, dtype: str, strict: bool,
+def _probe_invariance(target: str, backend: str, threads: int | None, dtype: str, strict: str | None,
                       rows_list: str | None, max_rows: int, prefixes: str, out) -> None:
-    from draftwise.backends.invariance import DEFAULT_PREFIXES, DEFAULT_SIZES, cached_probe, probe_invariance
+    from draftwise.backends.invariance import DEFAULT_PREFIXES, DEFAULT_SIZES, SHAPES, cached_probe, probe_invariance
     from draftwise.bench.plots import plot_invariance
 
     sizes = _int_list(rows_list, "--rows") if rows_list else tuple(n for n in DEFAULT_SIZES if n <= max_rows)
@@ -347,10 +349,11 @@ def _probe_invariance(target: str, backend: str, threads: int | None, dtype: str
         with progress_to(_dim):
             loaded = load_backend(target, backend, threads, dtype=dtype, strict=strict)
         with progress_to(lambda m: err.print(m, markup=False, highlight=False)):
+            shapes = ("chain",) if strict == "chains" else SHAPES  # chain kernels are exact for chains only
             if (sizes, lengths) == (DEFAULT_SIZES, DEFAULT_PREFIXES):  # the cached one (a strict load probed it)
-                probe = cached_probe(loaded)
+                probe = cached_probe(loaded, shapes=shapes)
             else:
-                probe = probe_invariance(loaded, prefixes=lengths, sizes=sizes)
+                probe = probe_invariance(loaded, prefixes=lengths, sizes=sizes, shapes=shapes)
         probe.save(out)
     except (DraftwiseError, OSError) as exc:
         _fail(str(exc))

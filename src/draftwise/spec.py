@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from pathlib import Path
-from typing import Any, Mapping, cast
+from typing import TYPE_CHECKING, Any, Mapping, cast
 
 from draftwise.backends.dtype import DEFAULT_DTYPE, DtypeChoice, check_dtype
 from draftwise.contracts import ProposerContract
@@ -24,6 +25,9 @@ from draftwise.options import config_items, config_keys, parse_config
 from draftwise.proposers.family import CandidateShape, DrafterFamily, DrafterRegistry
 from draftwise.proposers.registry import DRAFTERS
 from draftwise.topology.compile import TreeLimits
+
+if TYPE_CHECKING:
+    from draftwise.backends.invariance import StrictScope
 
 BACKENDS = ("auto", "transformers", "llamacpp")
 CALIBRATION_WORKLOAD = "humaneval:0-1"  # the prompts `--proposer auto` and `--tree auto` calibrate on
@@ -87,6 +91,24 @@ def default_drafter() -> DrafterSpec:
     return DrafterSpec(family, family.config())
 
 
+class Strict(Enum):
+    """llama.cpp's bit-exact kernels (`strict=`): which shapes of verify rows must equal plain
+    decoding's rows bit for bit (`backends.llamacpp.STRICT_CHAIN_KERNELS` / `STRICT_TREE_KERNELS`)."""
+
+    OFF = "false"
+    AUTO = "true"  # chains when the drafter never branches (and for plain decoding), else trees
+    CHAINS = "chains"  # flash attention off: verifies cost what they cost by default; trees refused
+    TREES = "trees"  # flash attention on: chains and trees, multi-row verifies slower
+
+    @classmethod
+    def parse(cls, word: str) -> "Strict":
+        aliases = {"1": cls.AUTO, "yes": cls.AUTO, "0": cls.OFF, "no": cls.OFF}
+        try:
+            return aliases.get(word.lower()) or cls(word.lower())
+        except ValueError:
+            raise InputError(f"strict={word!r}: choose true, false, chains or trees") from None
+
+
 @dataclass(frozen=True)
 class DecoderSpec:
     """Everything that names one decoding configuration."""
@@ -100,16 +122,35 @@ class DecoderSpec:
     threads: int | None = None
     device: str = "cpu"
     dtype: DtypeChoice = DEFAULT_DTYPE  # the transformers backend's: float32, bfloat16 or auto (measured)
-    strict: bool = False  # llama.cpp: kernels whose verify rows equal plain decoding's bit for bit
+    strict: Strict = Strict.OFF  # llama.cpp: kernels whose verify rows equal plain decoding's bit for bit
     generation: GenerationConfig = field(default_factory=GenerationConfig)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise InputError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         check_dtype(self.dtype)
-        if self.strict and self.backend == "transformers":
+        if self.strict is not Strict.OFF and self.backend == "transformers":
             raise InputError("strict chooses the llama.cpp backend's kernels (bit-identical verify rows); the "
                              "transformers backend has no such setting: `draftwise profile --invariance` measures its rows")
+        if self.strict is Strict.CHAINS and self._branches:
+            raise InputError(f"strict=chains verifies chains bit-exactly, and proposer {self.proposer} may propose a "
+                             "tree: use strict=true (chooses trees for it) or strict=trees")
+
+    @property
+    def _branches(self) -> bool:
+        """Whether a round may hold a tree: a family whose shape branches, or auto (any candidate)."""
+        if isinstance(self.drafter, DrafterSpec):
+            return self.drafter.family.shape(self.drafter.config).branches
+        return self.drafter is not None
+
+    @property
+    def strict_scope(self) -> StrictScope | None:
+        """The shapes a strict target must verify bit-exactly (None: not strict)."""
+        if self.strict is Strict.OFF:
+            return None
+        if self.strict is Strict.AUTO:
+            return "trees" if self._branches else "chains"
+        return "chains" if self.strict is Strict.CHAINS else "trees"
 
     @property
     def proposer(self) -> str:
@@ -143,8 +184,8 @@ class DecoderSpec:
             parts.append(f"gate={self.gate}")
         if self.dtype != DEFAULT_DTYPE:  # said only when set: a llama.cpp method's description is unchanged
             parts.append(f"dtype={self.dtype}")
-        if self.strict:
-            parts.append("strict=true")
+        if self.strict is not Strict.OFF:
+            parts.append(f"strict={self.strict.value}")
         if not self.generation.exact:
             parts.append("exact=false (HEURISTIC verifier allowed: outputs are not the target's distribution)")
         return ", ".join(p for p in parts if p)
@@ -255,6 +296,6 @@ def spec_from_options(values: Mapping[str, str], base: DecoderSpec = DecoderSpec
         verifier=values.get("verifier", base.verifier),
         gate=parse_gate(values["gate"]) if "gate" in values else base.gate,
         dtype=cast(DtypeChoice, check_dtype(values["dtype"])) if "dtype" in values else base.dtype,
-        strict=_bool(values, "strict", base.strict),
+        strict=Strict.parse(values["strict"]) if "strict" in values else base.strict,
         generation=replace(gen, limits=limits, exact=_bool(values, "exact", gen.exact)),
     )

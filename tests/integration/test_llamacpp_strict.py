@@ -1,11 +1,12 @@
 """llama.cpp's batch invariance, probed, and strict mode: verify rows bit-identical to plain decoding.
 
 The default kernels are not batch-invariant (the probe finds rows that differ from one-row
-decoding); with STRICT_KERNELS the probe finds every probed row bit-identical, and then every
+decoding); with STRICT_TREE_KERNELS the probe finds every probed row bit-identical, and then every
 drafter's greedy output is EXACTLY plain decoding's (no near-tie allowance, unlike
 test_llamacpp_engine.py): prompt lookup (chain and tree), the cost gate, REST and a draft model,
-on the 10 Spec-Bench development prompts.  A planted fault (one verify row moved by 1e-6) is
-what the probe must catch.
+on the 10 Spec-Bench development prompts.  With STRICT_CHAIN_KERNELS (flash attention off) chains
+are bit-identical and trees are not, and the chain drafters equal their plain decoding exactly.
+A planted fault (one verify row moved by 1e-6) is what the probe must catch.
 """
 
 import logging
@@ -23,7 +24,12 @@ from draftwise.backends.invariance import (  # noqa: E402
     load_strict,
     probe_invariance,
 )
-from draftwise.backends.llamacpp import DEFAULT_KERNELS, STRICT_KERNELS, LlamaCppBackend  # noqa: E402
+from draftwise.backends.llamacpp import (  # noqa: E402
+    DEFAULT_KERNELS,
+    STRICT_CHAIN_KERNELS,
+    STRICT_TREE_KERNELS,
+    LlamaCppBackend,
+)
 from draftwise.cost_profile import VerifyCostProfile  # noqa: E402
 from draftwise.engine import GenerationConfig, SpeculativeDecoder  # noqa: E402
 from draftwise.gate import CostGateConfig  # noqa: E402
@@ -46,7 +52,15 @@ def strict():
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
     # what load_strict builds, without its full probe (minutes on two cores; its smaller
     # version is test_strict_kernels_are_bit_identical_for_chains_and_trees): rounds capped at 16
-    backend = LlamaCppBackend.load(resolve("smollm2-135m"), n_threads=2, n_ctx=2048, kernels=STRICT_KERNELS)
+    backend = LlamaCppBackend.load(resolve("smollm2-135m"), n_threads=2, n_ctx=2048, kernels=STRICT_TREE_KERNELS)
+    backend.cap_verify_rows(16)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="module")
+def strict_chains():
+    backend = LlamaCppBackend.load(resolve("smollm2-135m"), n_threads=2, n_ctx=2048, kernels=STRICT_CHAIN_KERNELS)
     backend.cap_verify_rows(16)
     yield backend
     backend.close()
@@ -75,11 +89,51 @@ def test_default_kernels_are_not_batch_invariant(default_backend):
 
 
 def test_strict_kernels_are_bit_identical_for_chains_and_trees(strict):
-    assert strict.kernels == STRICT_KERNELS
+    assert strict.kernels == STRICT_TREE_KERNELS
     probe = probe_invariance(strict, **SMALL)
     assert {c.shape for c in probe.cases} == {"chain", "tree"} and len(probe.cases) == 20
     assert probe.bit_identical, [c for c in probe.cases if c.max_abs_diff]
     assert "by construction" in probe.statement()
+
+
+def test_strict_chain_kernels_are_bit_identical_for_chains_only(strict_chains):
+    """Flash attention off, >= 2-row decodes: a chain's cells follow the committed ones, so its
+    rows equal plain decoding's; a tree's ancestors are scattered, so some of its rows do not
+    (measured on this model: up to 0.3-0.8 for 5-16-row trees after 256-1000 tokens)."""
+    probe = probe_invariance(strict_chains, prefixes=(40, 300), sizes=(2, 3, 5, 9, 16))
+    chains = [c for c in probe.cases if c.shape == "chain"]
+    assert len(chains) == 10 and all(c.max_abs_diff == 0.0 for c in chains), chains
+    assert any(c.max_abs_diff > 0 for c in probe.cases if c.shape == "tree")
+    only = probe_invariance(strict_chains, prefixes=(300,), sizes=(2, 9), shapes=("chain",))
+    assert only.bit_identical and {c.shape for c in only.cases} == {"chain"}
+    assert "chains of 2-9 rows" in only.statement() and "trees" not in only.statement()
+
+
+@pytest.mark.parametrize("proposer", ["lookup", "gate", "draft"])
+def test_chain_drafters_are_exactly_plain_under_chain_kernels(strict_chains, spec_bench_prompts, proposer):
+    prompts = [strict_chains.chat_prompt([{"role": "user", "content": t}]) for t in spec_bench_prompts[:6]]
+    plain = [SpeculativeDecoder(strict_chains, [], GreedyVerifier(), CONFIG).generate(p).tokens for p in prompts]
+    config = CONFIG
+    if proposer == "gate":
+        profile = VerifyCostProfile(rows=tuple(range(1, 17)), relative=(1.0,) + (1.6,) * 15, absolute_s=None,
+                                    model="smollm2-135m", backend="llamacpp", threads=2, machine="test")
+        config = GenerationConfig(max_new_tokens=NEW, gate=CostGateConfig(profile))
+    draft = None
+    if proposer == "draft":
+        draft = LlamaCppBackend.load(resolve("smollm2-135m"), n_threads=2, n_ctx=2048)
+        chosen = DraftModelProposer(draft, strict_chains.info.tokenizer_hash, DraftConfig(k=4, confidence_threshold=0.0))
+    else:
+        chosen = PromptLookupProposer(PromptLookupConfig())
+    try:
+        drafted = 0
+        for prompt, reference in zip(prompts, plain):
+            result = SpeculativeDecoder(strict_chains, [chosen], GreedyVerifier(), config).generate(prompt)
+            assert result.tokens == reference
+            drafted += sum(result.from_draft)
+        assert drafted > 0
+    finally:
+        if draft is not None:
+            draft.close()
 
 
 class _Perturbed:
@@ -187,11 +241,13 @@ def test_cached_probe_is_reused_and_a_tampered_one_remeasured(strict, tmp_path, 
 
     fake = InvarianceProbe("m", "llamacpp", "k", 2, "x", (InvarianceCase(40, "chain", 2, 0.0),))
     calls = []
-    monkeypatch.setattr(invariance, "probe_invariance", lambda backend: calls.append(1) or fake)
+    monkeypatch.setattr(invariance, "probe_invariance", lambda backend, shapes: calls.append(shapes) or fake)
     assert cached_probe(strict, tmp_path) == fake and cached_probe(strict, tmp_path) == fake and len(calls) == 1
     (data,) = list(tmp_path.glob("*/invariance.json"))
     data.write_text(data.read_text().replace('"rows": 2', '"rows": 3'))  # the manifest's checksum no longer holds
     assert cached_probe(strict, tmp_path) == fake and len(calls) == 2
+    # a chains-only probe is another artifact (the full probe's key is unchanged)
+    assert cached_probe(strict, tmp_path, ("chain",)) == fake and calls[-1] == ("chain",) and len(calls) == 3
 
 
 class _Logits:
@@ -230,13 +286,43 @@ def test_load_strict_caps_rounds_at_the_probe_or_refuses(tmp_path, monkeypatch):
     import draftwise.backends.invariance as invariance
     from draftwise.backends.base import BackendError
 
-    monkeypatch.setattr(invariance, "probe_invariance", lambda backend: _fake_probe({2: 0.0, 5: 0.0, 8: 0.4}))
+    monkeypatch.setattr(invariance, "probe_invariance", lambda backend, shapes: _fake_probe({2: 0.0, 5: 0.0, 8: 0.4}))
     backend = load_strict(resolve("smollm2-135m"), threads=2, root=tmp_path / "a")
     try:
-        assert backend.kernels == STRICT_KERNELS and backend.info.max_verify_rows == 5
+        assert backend.kernels == STRICT_TREE_KERNELS and backend.info.max_verify_rows == 5
         assert backend.info.dtype != "gguf"  # its verify profiles and calibrations are keyed apart
     finally:
         backend.close()
-    monkeypatch.setattr(invariance, "probe_invariance", lambda backend: _fake_probe({2: 0.3, 4: 0.5}))
+    monkeypatch.setattr(invariance, "probe_invariance", lambda backend, shapes: _fake_probe({2: 0.3, 4: 0.5}))
     with pytest.raises(BackendError, match="even 2 rows differ"):
         load_strict(resolve("smollm2-135m"), threads=2, root=tmp_path / "b")
+
+
+def test_load_strict_for_chains_keeps_the_kernels_exact_up_to_more_rows(tmp_path, monkeypatch):
+    """Chains: repacked weights first; unpacked ones only when the first fall short, and the
+    better measured wins (Q4_K's repacked gemm splits rows 4 by 4, its unpacked one at 8)."""
+    import dataclasses
+
+    import draftwise.backends.invariance as invariance
+
+    seen = []
+
+    def probe(backend, shapes):
+        seen.append((backend.kernels, shapes))
+        return _fake_probe({2: 0.0, 3: 0.0, 4: 0.2} if backend.kernels.repack else {2: 0.0, 7: 0.0, 8: 0.4})
+
+    monkeypatch.setattr(invariance, "probe_invariance", probe)
+    backend = load_strict(resolve("smollm2-135m"), threads=2, root=tmp_path / "c", scope="chains")
+    try:
+        unpacked = dataclasses.replace(STRICT_CHAIN_KERNELS, repack=False)
+        assert seen == [(STRICT_CHAIN_KERNELS, ("chain",)), (unpacked, ("chain",))]
+        assert backend.kernels == unpacked and backend.info.max_verify_rows == 7
+    finally:
+        backend.close()
+    seen.clear()
+    monkeypatch.setattr(invariance, "probe_invariance", lambda backend, shapes: seen.append(1) or _fake_probe({2: 0.0, 16: 0.0}))
+    backend = load_strict(resolve("smollm2-135m"), threads=2, root=tmp_path / "d", scope="chains")
+    try:  # exact at every probed size: the faster kernels are kept without probing the others
+        assert backend.kernels == STRICT_CHAIN_KERNELS and seen == [1] and backend.info.max_verify_rows == 16
+    finally:
+        backend.close()

@@ -24,7 +24,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import numpy as np
 
@@ -40,6 +40,11 @@ ARTIFACT_KIND = "invariance_probe"
 DATA_FILE = "invariance.json"
 DEFAULT_PREFIXES = (40, 256, 700)
 DEFAULT_SIZES = tuple(range(2, 17))  # the rows of chains and trees the rounds use (gated rounds stay small)
+SHAPES = ("chain", "tree")
+# what a strict target must verify bit-exactly: chains only (a drafter that never branches, and
+# plain decoding), or chains and trees
+StrictScope = Literal["chains", "trees"]
+STRICT_SCOPES: tuple[StrictScope, ...] = ("chains", "trees")
 # a greedy divergence is explained by kernel rounding when plain decoding's top-2 margin at the
 # parting token is within what two rows can move apart: each logit by up to the probe's bound
 NEAR_TIE_FACTOR = 2.0
@@ -90,7 +95,8 @@ class InvarianceProbe:
         """What `identical_to_ar` can be expected to be, in one sentence."""
         sizes = sorted({c.rows for c in self.cases})
         prefixes = sorted({c.prefix_len for c in self.cases})
-        scope = (f"chains and trees of {sizes[0]}-{sizes[-1]} rows after {prefixes[0]}-{prefixes[-1]} "
+        shapes = " and ".join(f"{shape}s" for shape in SHAPES if any(c.shape == shape for c in self.cases))
+        scope = (f"{shapes} of {sizes[0]}-{sizes[-1]} rows after {prefixes[0]}-{prefixes[-1]} "
                  f"committed tokens" if sizes else "nothing probed")
         if self.bit_identical:
             return f"bit-identical rows (probe: {scope}): speculative output equals plain decoding by construction"
@@ -134,10 +140,13 @@ def kernels_of(backend: Backend) -> str:
 
 
 def probe_invariance(backend: Backend, prefixes: Sequence[int] = DEFAULT_PREFIXES,
-                     sizes: Sequence[int] = DEFAULT_SIZES, seed: int = 0) -> InvarianceProbe:
-    """Measure every (prefix, chain|tree, size) case; the backend is reset before and after."""
+                     sizes: Sequence[int] = DEFAULT_SIZES, seed: int = 0,
+                     shapes: Sequence[str] = SHAPES) -> InvarianceProbe:
+    """Measure every (prefix, shape, size) case; the backend is reset before and after."""
     if not prefixes or not sizes or min(sizes) < 2 or min(prefixes) < 2:
         raise InputError("the probe needs prefix lengths >= 2 and sizes >= 2 rows (a plain step is the reference)")
+    if not shapes or set(shapes) - set(SHAPES):
+        raise InputError(f"the probe measures shapes {SHAPES}, not {tuple(shapes)}")
     sizes = sorted(set(int(n) for n in sizes))
     if sizes[-1] > backend.info.max_verify_rows:
         sizes = [n for n in sizes if n <= backend.info.max_verify_rows]
@@ -153,17 +162,20 @@ def probe_invariance(backend: Backend, prefixes: Sequence[int] = DEFAULT_PREFIXE
         base = backend.cached_len
         pending = tokens[prefix_len - 1]
         # chains: the candidates are the text's next tokens (realistic rows), one reference pass
-        chain_ref = _plain_rows(backend, [pending, *tokens[prefix_len : prefix_len + sizes[-1] - 1]])
-        backend.truncate(base)
-        for n in sizes:
-            rows = _verify_rows(backend, pending, chain_round(base + 1, n - 1, backend.info.vocab_size,
-                                                              tokens[prefix_len : prefix_len + n - 1]))
-            cases.append(InvarianceCase(prefix_len, "chain", n, _diff(rows, chain_ref[:n])))
-            tree = random_tree(base + 1, n - 1, backend.info.vocab_size, rng)
-            reference = _tree_reference(backend, pending, tree)
+        if "chain" in shapes:
+            chain_ref = _plain_rows(backend, [pending, *tokens[prefix_len : prefix_len + sizes[-1] - 1]])
             backend.truncate(base)
-            rows = _verify_rows(backend, pending, tree)
-            cases.append(InvarianceCase(prefix_len, "tree", n, _diff(rows, reference)))
+        for n in sizes:
+            if "chain" in shapes:
+                rows = _verify_rows(backend, pending, chain_round(base + 1, n - 1, backend.info.vocab_size,
+                                                                  tokens[prefix_len : prefix_len + n - 1]))
+                cases.append(InvarianceCase(prefix_len, "chain", n, _diff(rows, chain_ref[:n])))
+            tree = random_tree(base + 1, n - 1, backend.info.vocab_size, rng)  # drawn either way: the same trees
+            if "tree" in shapes:
+                reference = _tree_reference(backend, pending, tree)
+                backend.truncate(base)
+                rows = _verify_rows(backend, pending, tree)
+                cases.append(InvarianceCase(prefix_len, "tree", n, _diff(rows, reference)))
         worst = max(c.max_abs_diff for c in cases if c.prefix_len == prefix_len)
         log.info("prefix %d: %d sizes, largest row difference %.3g", prefix_len, len(sizes), worst)
     backend.reset()
@@ -217,15 +229,18 @@ def probe_cache_root() -> Path:
     return cache_dir().parent / "invariance"
 
 
-def cached_probe(backend: Backend, root: Path | None = None) -> InvarianceProbe:
-    """The probe of this backend as loaded (model, kernels, threads, machine): measured on first
-    use (progress at INFO) and kept as an `invariance_probe` artifact; a cached one that no
-    longer reads (tampered, another format) is measured again."""
+def cached_probe(backend: Backend, root: Path | None = None, shapes: Sequence[str] = SHAPES) -> InvarianceProbe:
+    """The probe of this backend as loaded (model, kernels, threads, machine) over `shapes`:
+    measured on first use (progress at INFO) and kept as an `invariance_probe` artifact; a
+    cached one that no longer reads (tampered, another format) is measured again."""
     import hashlib
 
-    key = "\n".join((backend.info.checkpoint, backend.info.name, kernels_of(backend), str(backend.n_threads),
-                     machine_description(), repr((DEFAULT_PREFIXES, DEFAULT_SIZES))))
-    directory = (root or probe_cache_root()) / hashlib.sha256(key.encode()).hexdigest()[:16]
+    shapes = tuple(shapes)
+    parts = [backend.info.checkpoint, backend.info.name, kernels_of(backend), str(backend.n_threads),
+             machine_description(), repr((DEFAULT_PREFIXES, DEFAULT_SIZES))]
+    if shapes != SHAPES:  # the key of a full probe is unchanged, so its cached artifacts stay valid
+        parts.append(repr(shapes))
+    directory = (root or probe_cache_root()) / hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
     if directory.exists():
         try:
             return InvarianceProbe.load(directory)
@@ -236,25 +251,48 @@ def cached_probe(backend: Backend, root: Path | None = None) -> InvarianceProbe:
             shutil.rmtree(directory)
     log.info("probing %s (%s): are verify rows bit-identical to plain decoding's? (once, cached)",
              backend.info.checkpoint, kernels_of(backend))
-    probe = probe_invariance(backend)
+    probe = probe_invariance(backend, shapes=shapes)
     probe.save(directory)
     return probe
 
 
-def load_strict(model, threads: int | None = None, root: Path | None = None) -> Backend:
-    """The llama.cpp backend with strict kernels, its verify rows capped at the size its probe
-    measured bit-identical; refused, with the probe's finding, when not even two rows are."""
-    from draftwise.backends.base import BackendError
-    from draftwise.backends.llamacpp import STRICT_KERNELS, LlamaCppBackend
+def load_strict(model, threads: int | None = None, root: Path | None = None,
+                scope: StrictScope = "trees") -> Backend:
+    """The llama.cpp backend with strict kernels for `scope`, its verify rows capped at the size
+    its probe measured bit-identical; refused, with the probe's finding, when not even two rows
+    are.  For chains, kernels with repacked weights are probed first (faster), then unpacked
+    ones if the first were not exact at every probed size; the one exact up to more rows wins."""
+    import dataclasses
 
-    backend = LlamaCppBackend.load(model, n_threads=threads, kernels=STRICT_KERNELS)
-    probe = cached_probe(backend, root)
+    from draftwise.backends.base import BackendError
+    from draftwise.backends.llamacpp import STRICT_CHAIN_KERNELS, STRICT_TREE_KERNELS, LlamaCppBackend
+
+    if scope not in STRICT_SCOPES:
+        raise InputError(f"strict scope {scope!r}: choose one of {', '.join(STRICT_SCOPES)}")
+    if scope == "trees":
+        candidates, shapes = [STRICT_TREE_KERNELS], SHAPES
+    else:
+        candidates, shapes = [STRICT_CHAIN_KERNELS, dataclasses.replace(STRICT_CHAIN_KERNELS, repack=False)], ("chain",)
+    best: tuple[Backend, InvarianceProbe] | None = None
+    for kernels in candidates:
+        backend = LlamaCppBackend.load(model, n_threads=threads, kernels=kernels)
+        probe = cached_probe(backend, root, shapes)
+        if best is None or probe.exact_rows > best[1].exact_rows:
+            if best is not None:
+                best[0].close()
+            best = (backend, probe)
+        else:
+            backend.close()
+        if probe.exact_rows == max(DEFAULT_SIZES):
+            break
+    assert best is not None
+    backend, probe = best
     if probe.exact_rows < 2:
         backend.close()
         worst = max((c for c in probe.cases), key=lambda c: c.max_abs_diff)
         raise BackendError(
-            f"strict: no bit-exact verification for {model.checkpoint_id} on this machine with "
-            f"{STRICT_KERNELS.describe()}: a {worst.rows}-row {worst.shape} after {worst.prefix_len} tokens "
+            f"strict: no bit-exact verification of {scope} for {model.checkpoint_id} on this machine with "
+            f"{probe.kernels}: a {worst.rows}-row {worst.shape} after {worst.prefix_len} tokens "
             f"differs from plain decoding by {worst.max_abs_diff:.3g} in a logit (even 2 rows differ)")
     backend.cap_verify_rows(probe.exact_rows)
     return backend

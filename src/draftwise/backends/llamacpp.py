@@ -28,7 +28,8 @@ and `seq_rm(s)` hand the cells back to sequence 0.  The prefix is never re-evalu
 Logits come back as a zero-copy view of llama.cpp's output buffer: valid until the next
 `extend` or `verify` overwrites it.
 
-Strict kernels (`STRICT_KERNELS`, loaded through `invariance.load_strict`): a decode of one row
+Strict kernels (`STRICT_CHAIN_KERNELS` / `STRICT_TREE_KERNELS`, loaded through
+`invariance.load_strict`): a decode of one row
 gets a throwaway second row (same sequences, one position further, logits on) whose cell is
 dropped right after, so that plain steps run the kernels verify batches run; and a tree commit
 hands its rejected rows' cells to a graveyard sequence (the last id) instead of freeing them:
@@ -109,11 +110,18 @@ class LlamaCppKernels:
 
 
 DEFAULT_KERNELS = LlamaCppKernels()
-# strict: flash attention (a tree row sums exactly its path's cells, in order), every decode of
-# >= 2 rows (a plain step takes a verify's kernels, and no thread splits one query's keys),
-# weights not repacked (a repacked gemm splits rows 4 by 4).  Rows are then bit-identical up to
-# the row count the probe measures for the model, which becomes `max_verify_rows`.
-STRICT_KERNELS = LlamaCppKernels(flash_attn=True, repack=False, min_rows=2, keep_rejected_cells=True)
+# Strict kernels: rows bit-identical to plain decoding's up to the row count the probe measures
+# for the model (which becomes `max_verify_rows`).  Both decode >= 2 rows, so a plain step takes
+# a verify's kernels (and, with flash attention, no thread splits one query's keys).
+# - for chains: flash attention stays off, so a verify costs what it costs by default (flash
+#   attention on these CPU kernels makes an 8-row verify ~1.75x slower); a chain's candidate
+#   cells follow the committed ones, so its rows sum the same cells in the same lanes as plain
+#   decoding's, but a tree's do not.  `invariance.load_strict` also tries them with unpacked
+#   weights (for Q4_K, whose repacked gemm splits rows 4 by 4) and keeps the better measured.
+# - for trees: flash attention (a tree row sums exactly its path's cells, in order), weights not
+#   repacked, and rejected tree cells kept (see `keep_rejected_cells`).
+STRICT_CHAIN_KERNELS = LlamaCppKernels(min_rows=2)
+STRICT_TREE_KERNELS = LlamaCppKernels(flash_attn=True, repack=False, min_rows=2, keep_rejected_cells=True)
 
 
 @dataclass(frozen=True)
@@ -208,7 +216,7 @@ class LlamaCppBackend:
     def load(cls, model: ResolvedModel, n_threads: int | None = None, n_ctx: int = 4096,
              max_tree_leaves: int = 0, kernels: LlamaCppKernels = DEFAULT_KERNELS) -> "LlamaCppBackend":
         """A context of n_ctx cells shared by max_tree_leaves + 1 sequences (`reserve` grows them).
-        For strict (bit-exact) decoding load with STRICT_KERNELS through `invariance.load_strict`,
+        For strict (bit-exact) decoding load through `invariance.load_strict`,
         which also caps the rows a verify may have at what the probe measured exact."""
         if model.kind != "gguf":
             raise BackendError(f"the llama.cpp backend loads .gguf files; {model.path!r} is a {model.kind}")

@@ -85,7 +85,7 @@ def prepare(method: MethodSpec, pool: ModelPool, generation: GenerationConfig) -
     """Load (or reuse) what `method` needs; raises ModelUnavailable or ImportError with the reason."""
     if method.kind == "dw":
         def load(model: str, backend: str, role: str):
-            return pool.backend(model, backend, role=role, strict=method.decoder.strict)
+            return pool.backend(model, backend, role=role, strict=method.decoder.strict_scope)
 
         opened = open_decoder(method.decoder, loader=load)  # its progress lines reach the run's log (bench.main)
         for choice in opened.choices:  # the answers record what was chosen: describe() reads the resolved spec

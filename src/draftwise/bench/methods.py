@@ -91,8 +91,8 @@ class MethodSpec:
     def family(self) -> tuple[str, str]:
         """Methods of one family must produce the same greedy tokens (strict llama.cpp methods
         form their own family: their plain decoding runs other kernels than the default's)."""
-        strict = self.kind == "dw" and self.decoder is not None and self.decoder.strict
-        return (self.backend + (" strict" if strict else ""), self.target)
+        scope = self.decoder.strict_scope if self.kind == "dw" and self.decoder is not None else None
+        return (self.backend + (f" strict {scope}" if scope else ""), self.target)
 
     def describe(self) -> str:
         if self.kind != "dw":

@@ -8,12 +8,15 @@ with that reason instead of retrying.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from draftwise.backends.base import Backend
 from draftwise.backends.dtype import DEFAULT_DTYPE, DtypeChoice
 from draftwise.errors import ModelError
 from draftwise.build import load_backend
+
+if TYPE_CHECKING:
+    from draftwise.backends.invariance import StrictScope
 
 LOAD_ERRORS = (ImportError, OSError, ValueError, RuntimeError)
 LLAMA_N_CTX = 4096  # the draftwise llama.cpp backend's default context, so both see the same window
@@ -37,14 +40,14 @@ class ModelPool:
         """Progress for the run's console (model loads, what an automatic method chose)."""
         self._say(message)
 
-    def backend(self, model: str, kind: str, role: str = "target", strict: bool = False) -> Backend:
+    def backend(self, model: str, kind: str, role: str = "target", strict: StrictScope | None = None) -> Backend:
         """A draftwise backend ('transformers' or 'llamacpp') for `model`.  Targets and drafts are
         separate objects even for the same model: a backend holds one KV cache, and a draft
         sharing its target's cache would overwrite the rows the target is verifying against.
         Each backend sizes its per-round resources itself when a decoder starts."""
         dtype = self.dtype if kind == "transformers" else DEFAULT_DTYPE  # llama.cpp runs the GGUF's own types
-        strict = strict and role == "target"  # a draft's rows only choose candidates
-        return self._get(("backend", model, kind, role) + (("strict",) if strict else ()),
+        strict = strict if role == "target" else None  # a draft's rows only choose candidates
+        return self._get(("backend", model, kind, role) + ((f"strict {strict}",) if strict else ()),
                          lambda: load_backend(model, kind, self.threads, dtype=dtype, strict=strict))
 
     def llama(self, model: str, lookup_tokens: int | None, draftwise_context: bool = False) -> object:

@@ -52,6 +52,7 @@ def build_summary(root: Path) -> dict:
         methods[method.name] = {
             "config": method.describe(),
             "backend": method.backend,
+            "family": " ".join(method.family),  # methods whose greedy tokens must agree (kernels included)
             "target": method.target,
             "draft": method.draft,
             "reference": ref_name,
