@@ -117,11 +117,18 @@ class SkipArtifact:
             )
 
 
-def save_skip(directory: Path, skip: SkipSet, target: SkipTarget, provenance: Mapping[str, Any]) -> Manifest:
-    """Write the artifact atomically: `skip.json` and the manifest (checksummed)."""
+HISTORY = "history.json"  # a searched set's trials, in order
+
+
+def save_skip(directory: Path, skip: SkipSet, target: SkipTarget, provenance: Mapping[str, Any],
+              history: list[dict[str, Any]] | None = None) -> Manifest:
+    """Write the artifact atomically: `skip.json`, the search history if any, and the manifest
+    (checksummed)."""
     with staged_artifact(Path(directory), KIND) as staging:
         (staging / FILE).write_text(json.dumps({"z": list(skip.z), "bits": skip.bits(), "layers": skip.layers,
                                                 "skipped": skip.skipped}, indent=2) + "\n")
+        if history is not None:
+            (staging / HISTORY).write_text(json.dumps(history, indent=1) + "\n")
         return write_manifest(staging, KIND, {
             **dict(provenance),
             "target": {"checkpoint": target.checkpoint, "tokenizer_hash": target.tokenizer_hash},

@@ -1,0 +1,91 @@
+"""`draftwise skip ...` (Draft & Verify's skip-set search) and `draftwise adapter ...`
+(Kangaroo's adapter): the self-speculative drafters' artifacts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from draftwise.errors import DraftwiseError, InputError
+from draftwise.logs import progress_to
+from draftwise.options import config_keys, parse_config
+
+skip_app = typer.Typer(help="Draft & Verify skip sets: search, info.", no_args_is_help=True)
+err = Console(stderr=True)
+
+
+def _fail(message: str) -> None:
+    err.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(2)
+
+
+def _split(settings: list[str]) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for item in settings:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--set {item!r}: expected KEY=VALUE")
+        values[key.strip()] = value.strip()
+    return values
+
+
+def _dim(line: str) -> None:
+    err.print(line, style="dim", markup=False, highlight=False)
+
+
+@skip_app.command()
+def search(
+    out: Path = typer.Option(..., "--out", help="skip-set artifact directory to write"),
+    target: str = typer.Option("smollm2-135m", "--target", help="target model (the transformers backend loads it)"),
+    settings: List[str] = typer.Option([], "--set", help="KEY=VALUE of the search (trials, prompts, max_new_tokens, "
+                                                         "seed, startup) or of the layer-skip drafter (gamma, k, ...)"),
+    work: Optional[Path] = typer.Option(None, "--work", help="working directory (the optuna study: a rerun resumes "
+                                                             "it); default: OUT.work beside the artifact"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (part of the objective's provenance)"),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16"),
+) -> None:
+    """Search the skip set minimizing measured seconds per committed token (optuna TPE); resumable."""
+    from draftwise.build import load_backend
+    from draftwise.optimize.skip_search import SearchRecipe, development_prompts, search_skip, write_search
+    from draftwise.workloads import parse_workload
+    from draftwise.proposers.layer_skip import LayerSkipConfig
+
+    try:
+        values = _split(settings)
+        recipe_keys = set(config_keys(SearchRecipe))
+        recipe = parse_config(SearchRecipe, {k: v for k, v in values.items() if k in recipe_keys}, "skip search")
+        drafter = parse_config(LayerSkipConfig, {k: v for k, v in values.items() if k not in recipe_keys},
+                               "skip search drafter")
+        with progress_to(_dim):
+            backend = load_backend(target, "transformers", threads, dtype=dtype)  # type: ignore[arg-type]
+            prompts = development_prompts(backend, recipe)  # type: ignore[arg-type]
+            result = search_skip(backend, recipe, drafter, work or out.with_name(out.name + ".work"),  # type: ignore[arg-type]
+                                 prompts)
+            questions = [q.question_id for q in parse_workload(recipe.prompts).questions]
+            manifest = write_search(out, backend, recipe, drafter, prompts, result, questions)  # type: ignore[arg-type]
+    except DraftwiseError as exc:
+        _fail(str(exc))
+        return
+    err.print(f"skip set written to {out}")
+    print(json.dumps({"out": str(out), "bits": result.skip.bits(), "skipped": result.skip.skipped, "f": result.f,
+                      "baselines": result.baselines, "trials": len(result.history), "manifest_hash": manifest.hash},
+                     indent=2))
+
+
+@skip_app.command()
+def info(directory: Path = typer.Argument(..., help="a skip-set artifact")) -> None:
+    """The skip vector, its target, f and the objective's provenance (checksums verified)."""
+    from draftwise.selfdraft.skipset import load_skip
+
+    try:
+        artifact = load_skip(directory)
+    except DraftwiseError as exc:
+        _fail(str(exc))
+        return
+    shown = {k: v for k, v in artifact.provenance.items() if k != "drafter"}
+    print(json.dumps({"bits": artifact.skip.bits(), "skipped": artifact.skip.skipped, "layers": artifact.skip.layers,
+                      "manifest_hash": artifact.manifest_hash, **shown}, indent=2, default=str))
