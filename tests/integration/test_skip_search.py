@@ -70,3 +70,19 @@ def test_skip_specs_are_parsed_or_refused_clearly(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ArtifactError):
         resolve_skip(str(tmp_path / "empty"), 4, "c", "t")
+
+
+def test_skip_info_and_search_refusals_on_the_command_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from draftwise.cli import app
+    from draftwise.selfdraft.skipset import SkipTarget, save_skip
+
+    save_skip(tmp_path / "skip", SkipSet.every_other(4), SkipTarget("c", "t"), {"f": 0.5},
+              history=[{"trial": 0, "f": 0.5}])
+    shown = CliRunner().invoke(app, ["skip", "info", str(tmp_path / "skip")])
+    assert shown.exit_code == 0 and '"bits": "00110011"' in shown.output and '"f": 0.5' in shown.output
+    bad = CliRunner().invoke(app, ["skip", "search", "--out", str(tmp_path / "o"), "--set", "trials=0"])
+    assert bad.exit_code == 2 and "trial" in bad.output
+    bad = CliRunner().invoke(app, ["skip", "search", "--out", str(tmp_path / "o"), "--set", "nonsense=1"])
+    assert bad.exit_code == 2 and "nonsense" in bad.output

@@ -6,8 +6,8 @@ on development prompts (draft, verify and state costs all inside the wall time),
 acceptance rate (z = 0 accepts everything and costs more than plain decoding).  The optimizer
 is optuna's TPE sampler over one binary parameter per sublayer; the study lives in an SQLite
 file in the work directory, so an interrupted search resumes where it stopped (the trials
-already measured are kept, the budget counts them).  Trial 0 is the every-other-layer rule, so
-the search starts from the simple baseline it is compared with.  The result is a skip-set
+already measured are kept, the budget counts them).  Trial 0 is the every-other-layer rule (the
+simple baseline the search is compared with), then a few sparser structured sets (`starting_sets`).  The result is a skip-set
 artifact with its history (f per trial), the objective's provenance (target, tokenizer, backend,
 dtype, threads, the prompts and their hash, the decoding settings) and f of plain decoding and
 of the rule measured in the same run.
@@ -105,7 +105,8 @@ def search_skip(target: TransformersBackend, recipe: SearchRecipe, drafter: Laye
     baselines["plain"] = _stored_or_measured(study, "baseline:plain", lambda: seconds_per_token(
         target, [], prompts, recipe.max_new_tokens)[0])
     if not study.trials:
-        study.enqueue_trial(_params(SkipSet.every_other(layers)))
+        for seed_set in starting_sets(layers):
+            study.enqueue_trial(_params(seed_set))
 
     def objective(trial) -> float:
         skip = SkipSet(tuple(trial.suggest_int(name, 0, 1) for name in _names(layers)))
@@ -154,6 +155,20 @@ def study_key(target: TransformersBackend, recipe: SearchRecipe, drafter: LayerS
     return stable_hash({"target": target.info.checkpoint, "threads": target.n_threads, "dtype": target.info.dtype,
                         "prompts": [list(p) for p in prompts], "max_new_tokens": recipe.max_new_tokens, "seed": recipe.seed,
                         "drafter": {k: str(v) for k, v in asdict(drafter).items() if k != "skip"}})
+
+
+def starting_sets(layers: int) -> list[SkipSet]:
+    """The first trials, before the sampler's own: the every-other-layer rule (the baseline the
+    search is compared with), then sparser structured sets (every other MLP; every other
+    attention; the MLPs of the last third).  Uniform random bits skip half the sublayers, where
+    a small model accepts almost nothing: these anchor TPE where drafts are accepted."""
+    alternate = [i % 2 for i in range(layers)]
+    return [
+        SkipSet.every_other(layers),
+        SkipSet(tuple(v for a in alternate for v in (0, a))),
+        SkipSet(tuple(v for a in alternate for v in (a, 0))),
+        SkipSet(tuple(v for i in range(layers) for v in (0, int(i >= layers - layers // 3)))),
+    ]
 
 
 def _names(layers: int) -> list[str]:
