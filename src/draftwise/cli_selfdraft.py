@@ -89,3 +89,61 @@ def info(directory: Path = typer.Argument(..., help="a skip-set artifact")) -> N
     shown = {k: v for k, v in artifact.provenance.items() if k != "drafter"}
     print(json.dumps({"bits": artifact.skip.bits(), "skipped": artifact.skip.skipped, "layers": artifact.skip.layers,
                       "manifest_hash": artifact.manifest_hash, **shown}, indent=2, default=str))
+
+
+adapter_app = typer.Typer(help="Kangaroo adapters: train, info.", no_args_is_help=True)
+
+
+@adapter_app.command("train")
+def adapter_train(
+    out: Optional[Path] = typer.Option(None, "--out", help="adapter artifact directory (default: the cache, where "
+                                                          "--proposer kangaroo finds it for this target)"),
+    target: str = typer.Option("smollm2-135m", "--target", help="target model (the transformers backend loads it)"),
+    settings: List[str] = typer.Option([], "--set", help="KEY=VALUE of the recipe (exit_layer, epochs, lr, tau, ...) "
+                                                         "or of the corpus (mode, prompts, ...)"),
+    work: Optional[Path] = typer.Option(None, "--work", help="working directory (corpus, hidden states, checkpoints; "
+                                                             "shared with `heads train` by default)"),
+    batch: int = typer.Option(32, "--distill-batch", help="prompts answered together in self-distillation"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: torch's)"),
+) -> None:
+    """Train a Kangaroo adapter by distillation from the frozen target (KD loss); resumable."""
+    from draftwise.training.adapter import AdapterRecipe, AdapterRun, run_adapter_training
+    from draftwise.training.corpus import CorpusRecipe
+
+    try:
+        values = _split(settings)
+        corpus_keys = set(config_keys(CorpusRecipe))
+        recipe = parse_config(AdapterRecipe, {k: v for k, v in values.items() if k not in corpus_keys}, "adapter train")
+        corpus = parse_config(CorpusRecipe, {k: v for k, v in values.items() if k in corpus_keys}, "adapter train corpus")
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        if out is None:
+            from draftwise.models import resolve
+            from draftwise.selfdraft.adapter import trained_path
+
+            out = trained_path(resolve(target).checkpoint_id)
+        with progress_to(_dim):
+            provenance = run_adapter_training(AdapterRun(target, out, corpus, recipe, work, batch))
+    except DraftwiseError as exc:
+        _fail(str(exc))
+        return
+    err.print(f"adapter written to {out}")
+    print(json.dumps(provenance["metrics"], indent=2))
+
+
+@adapter_app.command("info")
+def adapter_info(directory: Path = typer.Argument(..., help="a Kangaroo adapter artifact")) -> None:
+    """The architecture, target, recipe and validation metrics of an adapter (checksums verified)."""
+    from draftwise.selfdraft.adapter import load_adapter
+
+    try:
+        adapter = load_adapter(directory)
+    except DraftwiseError as exc:
+        _fail(str(exc))
+        return
+    print(json.dumps({"arch": adapter.arch.as_dict(), "target": adapter.target.__dict__,
+                      "manifest_hash": adapter.manifest_hash, "recipe": adapter.provenance.get("recipe"),
+                      "metrics": {k: v for k, v in adapter.provenance.get("metrics", {}).items() if k != "history"}},
+                     indent=2))
