@@ -24,7 +24,8 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from draftwise.backends.base import BackendError, BackendInfo
+from draftwise.backends.base import BackendInfo
+from draftwise.errors import BackendError
 from draftwise.backends.transformers import TransformersBackend
 from draftwise.selfdraft.skipset import SkipSet
 
