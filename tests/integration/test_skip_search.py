@@ -86,3 +86,15 @@ def test_skip_info_and_search_refusals_on_the_command_line(tmp_path):
     assert bad.exit_code == 2 and "trial" in bad.output
     bad = CliRunner().invoke(app, ["skip", "search", "--out", str(tmp_path / "o"), "--set", "nonsense=1"])
     assert bad.exit_code == 2 and "nonsense" in bad.output
+
+
+def test_proposer_auto_replays_layer_skip_given_a_skip_set_and_says_why_it_skips_the_others(tmp_path):
+    from tests.integration.test_auto_proposer import choose
+
+    target = deep_tiny(seed=4)
+    skipped_here, _ = choose(target, tmp_path)  # no skip set, no adapter for this target: both said, with reasons
+    reasons = dict(skipped_here.skipped)
+    assert "skip=DIR" in reasons["layer-skip"] and "adapter" in reasons["kangaroo"]
+    given = make_spec(GenerationConfig(max_new_tokens=24), proposer="auto", skip="bits:01100110")
+    choice, _ = choose(target, tmp_path, given)
+    assert "layer-skip" in {s.name for s in choice.scores}

@@ -77,4 +77,5 @@ FAMILY = DrafterFamily(
     shape=shape,
     build=open_kangaroo,
     summary="Kangaroo: the target's first l layers + a trained adapter + its LM head, early exit below eta",
+    auto_candidate=True,  # where an adapter ships or was trained for the target; else listed as skipped
 )

@@ -73,8 +73,9 @@ class GammaController:
 
 @dataclass(frozen=True)
 class LayerSkipConfig:
-    skip: str = option("every-other", help="skip set: a `draftwise skip search` directory, every-other (layers 1, 3, "
-                                           "... skipped), none, or bits:0101... (attention, MLP per layer)")
+    # no default set: a searched one is per target, and the rule is a baseline, not a choice
+    skip: str | None = option(None, help="skip set (required): a `draftwise skip search` directory, every-other "
+                                         "(layers 1, 3, ... skipped), none, or bits:0101... (attention, MLP per layer)")
     k: int = option(12, help="longest chain (a round never drafts deeper)")
     gamma: float = option(0.6, help="stop the chain after a drafted token the draft gave less than gamma (the "
                                     "starting value when adaptive)")
@@ -166,6 +167,9 @@ def open_layer_skip(config: LayerSkipConfig, resources: DrafterResources) -> Sel
     if not isinstance(target, TransformersBackend):
         raise BackendError(f"layer skipping runs on the transformers backend, not {target.info.name}: llama.cpp's "
                            "public API evaluates every layer (pass --backend transformers)")
+    if config.skip is None:
+        raise InputError("proposer layer-skip needs skip=DIR (a `draftwise skip search` artifact for this target) or "
+                         "skip=every-other (the simple rule)")
     skip, source = resolve_skip(config.skip, int(target.model.config.num_hidden_layers), target.info.checkpoint,
                                 target.info.tokenizer_hash)
     controller = GammaController(config.gamma, config.rule) if config.adaptive and config.tree is None else None
@@ -182,4 +186,5 @@ FAMILY = DrafterFamily(
     shape=shape,
     build=open_layer_skip,
     summary="Draft & Verify: the target drafts with a (searched) set of attention/MLP sublayers skipped",
+    auto_candidate=True,  # with skip= given (`--proposer auto --set skip=DIR`); else listed as skipped
 )
