@@ -65,13 +65,17 @@ class LayerSkipBackend(TransformersBackend):
         super().__init__(target.model, target.tokenizer, info)
         self.skip = skip
         self.exit = exit
-        self._attn_cache_kwarg = _attention_cache_kwarg(target.model)
+        self._attn_cache_kwarg = attention_cache_kwarg(target.model)
+        # Kangaroo: the layer boundary whose rows a verify may reuse (None: record nothing)
+        self.record_boundary: int | None = None
+        self._shallow: dict[int, tuple[torch.Tensor, tuple[tuple[torch.Tensor, torch.Tensor], ...]]] = {}
 
     def reset(self) -> None:
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
 
         super().reset()
+        self._shallow = {}
         cache = DynamicCache(config=self.model.config)
         for _ in range(self.exit.cache_layers() if self.exit is not None else 0):
             cache.layers.append(DynamicLayer())  # the adapter's attention: layer index L, L + 1, ...
@@ -110,19 +114,54 @@ class LayerSkipBackend(TransformersBackend):
         inner = self.model.model
         x = inner.embed_tokens(input_ids)  # [1, R, d]
         rope = inner.rotary_emb(x, positions)  # (cos, sin), each [1, R, head_dim]
-        for i in range(self.skip.depth):
-            layer = inner.layers[i]
-            if not self.skip.skips_attention(i):
-                attended, _ = layer.self_attn(hidden_states=layer.input_layernorm(x), position_embeddings=rope,
-                                              attention_mask=mask, **{self._attn_cache_kwarg: self._cache})
-                x = x + attended  # [1, R, d]
-            if not self.skip.skips_mlp(i):
-                x = x + layer.mlp(layer.post_attention_layernorm(x))  # [1, R, d]
+        boundary = self.record_boundary
+        if boundary is None:
+            x = run_layers(self.model, x, rope, mask, self._cache, range(self.skip.depth), self.skip, self._attn_cache_kwarg)
+        else:  # keep the residual stream at the boundary of every row (Kangaroo's shallow feature)
+            x = run_layers(self.model, x, rope, mask, self._cache, range(boundary), self.skip, self._attn_cache_kwarg)
+            self._record(positions[0], x[0])
+            x = run_layers(self.model, x, rope, mask, self._cache, range(boundary, self.skip.depth), self.skip,
+                           self._attn_cache_kwarg)
         if self.exit is None:
             h = inner.norm(x[:, -keep:])  # [1, keep, d]
         else:
             h = self.exit(x, rope, mask, self._cache)[:, -keep:]  # every row feeds the adapter's own cache
         return self.model.lm_head(h)[0]  # [keep, V]
+
+    # ---- shallow rows (a verify forward may start at the boundary: backends/shallow_reuse.py) ----
+    def _record(self, positions: torch.Tensor, x: torch.Tensor) -> None:
+        """Rows at `positions` [R]: x [R, d] after the boundary, and the KV rows the boundary's
+        layers just appended (each [H_kv, R, D])."""
+        rows = x.shape[0]
+        for j, position in enumerate(positions.tolist()):
+            kv = tuple((self._cache.layers[i].keys[0, :, j - rows], self._cache.layers[i].values[0, :, j - rows])
+                       for i in range(self.record_boundary or 0))
+            self._shallow[int(position)] = (x[j].clone(), kv)
+
+    def shallow_row(self, position: int) -> tuple[torch.Tensor, tuple[tuple[torch.Tensor, torch.Tensor], ...]] | None:
+        """(x [d], per layer below the boundary (keys [H_kv, D], values [H_kv, D])) of the row the
+        draft holds at `position`, or None (not computed, or cut since)."""
+        return self._shallow.get(position) if position < self._committed + self._pending_rows else None
+
+    def _crop_to(self, length: int) -> None:
+        super()._crop_to(length)
+        for position in [p for p in getattr(self, "_shallow", {}) if p >= length]:
+            del self._shallow[position]
+
+
+def run_layers(model: nn.Module, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
+               cache: object, layers: range, skip: SkipSet | None, attn_kwarg: str) -> torch.Tensor:
+    """The residual stream x [1, R, d] through `layers` of `model`, each sublayer left out where
+    `skip` says (None: every sublayer runs); attention appends its rows to `cache`."""
+    for i in layers:
+        layer = model.model.layers[i]
+        if skip is None or not skip.skips_attention(i):
+            attended, _ = layer.self_attn(hidden_states=layer.input_layernorm(x), position_embeddings=rope,
+                                          attention_mask=mask, **{attn_kwarg: cache})
+            x = x + attended  # [1, R, d]
+        if skip is None or not skip.skips_mlp(i):
+            x = x + layer.mlp(layer.post_attention_layernorm(x))  # [1, R, d]
+    return x
 
 
 def check_decoder(model: nn.Module) -> None:
@@ -136,7 +175,7 @@ def check_decoder(model: nn.Module) -> None:
         raise BackendError("layer skipping builds full causal masks; this model uses sliding-window attention")
 
 
-def _attention_cache_kwarg(model: nn.Module) -> str:
+def attention_cache_kwarg(model: nn.Module) -> str:
     """The attention module's cache argument: `cache` in recent transformers, `past_key_values` before."""
     params = inspect.signature(model.model.layers[0].self_attn.forward).parameters
     for name in ("cache", "past_key_values", "past_key_value"):

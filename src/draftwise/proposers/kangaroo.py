@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from draftwise.backends.transformers import TransformersBackend
-from draftwise.contracts import ProposerContract, SamplingRelation
+from draftwise.contracts import ProposalResult, ProposerContract, SamplingRelation
 from draftwise.errors import BackendError, InputError
 from draftwise.options import option
 from draftwise.proposers.draft_model import DraftConfig, config_contract, config_shape
@@ -33,6 +34,8 @@ class KangarooConfig:
     tree: TreeSpec | None = option(None, parse=parse_tree, show=show_tree,
                                    help="tree mode: chain:4, wbd:2,2,1, cartesian:3,2, JSON paths")
     relation: SamplingRelation = option(SamplingRelation.IID, help="tree children: iid | without_replacement | beam")
+    reuse: bool = option(True, help="chains: offer the shallow rows to a target that can start its verify at the "
+                                    "exit layer (ShallowReuseBackend); each row is reused only where may_reuse holds")
 
     def __post_init__(self) -> None:
         if self.tree is not None and not isinstance(self.tree, TreeTemplate):
@@ -51,6 +54,44 @@ def shape(config: KangarooConfig) -> CandidateShape:
     return config_shape(config.draft_config())
 
 
+class KangarooProposer(SelfDraftProposer):
+    """Kangaroo, offering its shallow rows to a target that can start a verify at the boundary
+    (`ShallowReuseBackend`): the pending token's and every drafted token it fed, each with the
+    metadata the target checks (`may_reuse`) before it reuses the row."""
+
+    def __init__(self, draft: TransformersBackend, config: KangarooConfig, target: object, checkpoint: str,
+                 boundary: int, identity: dict[str, object]) -> None:
+        super().__init__("kangaroo", draft, config.draft_config(), None, dict(identity))
+        self.target = target
+        self.checkpoint = checkpoint
+        self.boundary = boundary
+        self.reuse = config.reuse and config.tree is None and callable(getattr(target, "declare_boundary", None))
+        if self.reuse:
+            draft.record_boundary = boundary  # type: ignore[attr-defined]
+            target.declare_boundary(boundary)  # type: ignore[attr-defined]
+
+    def propose(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None) -> ProposalResult:
+        result = super().propose(context, manifest_hash, max_depth)
+        if self.reuse:
+            self._offer(len(context) - 1)
+        return result
+
+    def _offer(self, pending_position: int) -> None:
+        from draftwise.backends.shallow_reuse import ShallowMeta, ShallowRow, ancestry
+
+        fed = list(self.drafting._cached)  # the tokens whose rows the draft holds, in position order
+        generation = int(self.target.generation)  # type: ignore[attr-defined]
+        rows = []
+        for position in range(pending_position, len(fed)):
+            held = self.draft.shallow_row(position)  # type: ignore[attr-defined]
+            if held is None:
+                break
+            meta = ShallowMeta(self.checkpoint, self.boundary, fed[position], position, ancestry(fed[: position + 1]),
+                               self.draft.info.dtype, generation)
+            rows.append(ShallowRow(meta, held[0], held[1]))
+        self.target.offer(rows)  # type: ignore[attr-defined]
+
+
 def open_kangaroo(config: KangarooConfig, resources: DrafterResources) -> SelfDraftProposer:
     from draftwise.backends.layer_skip import LayerSkipBackend
     from draftwise.selfdraft.adapter import default_adapter, load_adapter
@@ -66,8 +107,9 @@ def open_kangaroo(config: KangarooConfig, resources: DrafterResources) -> SelfDr
     adapter = adapter_set.build(target.model)
     arch = adapter_set.arch
     draft = LayerSkipBackend(target, SkipSet.shallow(arch.layers, arch.exit_layer), exit=adapter, label="kangaroo")
-    identity = {"adapter": adapter_set.manifest_hash, "exit_layer": arch.exit_layer, "eta": config.eta}
-    return SelfDraftProposer("kangaroo", draft, config.draft_config(), None, identity)
+    identity = {"adapter": adapter_set.manifest_hash, "exit_layer": arch.exit_layer, "eta": config.eta,
+                "reuse": config.reuse}
+    return KangarooProposer(draft, config, target, target.info.checkpoint, arch.exit_layer, identity)
 
 
 FAMILY = DrafterFamily(
