@@ -101,3 +101,22 @@ def test_greedy_kangaroo_with_reuse_is_plain_decoding(setup):
     for prompt in ([1, 2, 3], [5, 0, 7, 7], [2, 6, 1, 3, 0]):
         assert decoder.generate(prompt).tokens == plain.generate(prompt).tokens
     assert target.reused_total > before  # rounds after the first reused rows
+
+
+def test_the_decoder_verifies_with_the_reusing_view_of_the_target(tmp_path):
+    from draftwise.build import build_decoder
+    from tests.helpers import make_spec
+
+    base = deep_tiny(seed=2)
+    directory = saved(tmp_path, base, random_adapter(base, seed=1))
+    config = GenerationConfig(max_new_tokens=16)
+    options = {"proposer": "kangaroo", "adapter": str(directory), "verifier": "greedy", "eta": "0.0"}
+    decoder = build_decoder(make_spec(config, **options), base)
+    view = decoder.target
+    assert isinstance(view, ShallowReuseBackend) and view.model is base.model  # no second copy of the weights
+    plain = SpeculativeDecoder(base, [], make_verifier("greedy", [], config.policy), config)
+    for prompt in ([1, 2, 3], [5, 0, 7, 7]):
+        assert decoder.generate(prompt).tokens == plain.generate(prompt).tokens
+    assert view.reused_total > 0
+    without = build_decoder(make_spec(config, **options, reuse="false"), base)
+    assert without.target is base

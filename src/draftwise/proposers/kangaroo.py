@@ -63,6 +63,7 @@ class KangarooProposer(SelfDraftProposer):
                  boundary: int, identity: dict[str, object]) -> None:
         super().__init__("kangaroo", draft, config.draft_config(), None, dict(identity))
         self.target = target
+        self.verifying_target: TransformersBackend | None = None  # set when the engine must verify with a view
         self.checkpoint = checkpoint
         self.boundary = boundary
         self.reuse = config.reuse and config.tree is None and callable(getattr(target, "declare_boundary", None))
@@ -94,6 +95,7 @@ class KangarooProposer(SelfDraftProposer):
 
 def open_kangaroo(config: KangarooConfig, resources: DrafterResources) -> SelfDraftProposer:
     from draftwise.backends.layer_skip import LayerSkipBackend
+    from draftwise.backends.shallow_reuse import ShallowReuseBackend
     from draftwise.selfdraft.adapter import default_adapter, load_adapter
     from draftwise.selfdraft.skipset import SkipSet
 
@@ -109,7 +111,12 @@ def open_kangaroo(config: KangarooConfig, resources: DrafterResources) -> SelfDr
     draft = LayerSkipBackend(target, SkipSet.shallow(arch.layers, arch.exit_layer), exit=adapter, label="kangaroo")
     identity = {"adapter": adapter_set.manifest_hash, "exit_layer": arch.exit_layer, "eta": config.eta,
                 "reuse": config.reuse}
-    return KangarooProposer(draft, config, target, target.info.checkpoint, arch.exit_layer, identity)
+    verifying = target
+    if config.reuse and config.tree is None and not isinstance(target, ShallowReuseBackend):
+        verifying = ShallowReuseBackend.of(target)  # the same loaded model; the engine verifies with this view
+    proposer = KangarooProposer(draft, config, verifying, target.info.checkpoint, arch.exit_layer, identity)
+    proposer.verifying_target = None if verifying is target else verifying
+    return proposer
 
 
 FAMILY = DrafterFamily(
