@@ -59,7 +59,7 @@ def test_a_tiny_search_writes_a_loadable_artifact_and_resumes(tmp_path):
 
 def test_skip_specs_are_parsed_or_refused_clearly(tmp_path):
     assert resolve_skip("every-other", 4, "c", "t")[0].bits() == "00110011"
-    assert resolve_skip("none", 2, "c", "t")[0].bits() == "0000"
+    assert resolve_skip("empty", 2, "c", "t")[0].bits() == "0000"
     assert resolve_skip("bits:01100110", 4, "c", "t")[0].skipped == 4
     with pytest.raises(InputError, match="the target has 4"):
         resolve_skip("bits:0110", 4, "c", "t")

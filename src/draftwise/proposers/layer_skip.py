@@ -75,7 +75,7 @@ class GammaController:
 class LayerSkipConfig:
     # no default set: a searched one is per target, and the rule is a baseline, not a choice
     skip: str | None = option(None, help="skip set (required): a `draftwise skip search` directory, every-other "
-                                         "(layers 1, 3, ... skipped), none, or bits:0101... (attention, MLP per layer)")
+                                         "(layers 1, 3, ... skipped), empty (nothing skipped), or bits:0101... (attention, MLP per layer)")
     k: int = option(12, help="longest chain (a round never drafts deeper)")
     gamma: float = option(0.6, help="stop the chain after a drafted token the draft gave less than gamma (the "
                                     "starting value when adaptive)")

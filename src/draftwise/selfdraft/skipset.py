@@ -21,7 +21,7 @@ from draftwise.errors import ArtifactError, ContractError, InputError
 
 KIND = "skip_set"
 FILE = "skip.json"
-RULES = ("every-other", "none")  # skip sets named by a rule rather than a searched artifact
+RULES = ("every-other", "empty")  # skip sets named by a rule rather than a searched artifact (empty: a test reference)
 
 
 class SkipSetMismatch(ContractError):
@@ -149,10 +149,10 @@ def load_skip(directory: Path) -> SkipArtifact:
 
 def resolve_skip(spec: str, num_layers: int, checkpoint: str, tokenizer_hash: str) -> tuple[SkipSet, str]:
     """The skip set `spec` names for a target of `num_layers` layers, and where it came from:
-    a rule (every-other, none), a bit string (bits:0101...), or a `skip search` directory."""
+    a rule (every-other, empty), a bit string (bits:0101...), or a `skip search` directory."""
     if spec == "every-other":
         return SkipSet.every_other(num_layers), spec
-    if spec == "none":
+    if spec == "empty":
         return SkipSet.none(num_layers), spec
     if spec.startswith("bits:"):
         skip = SkipSet.parse_bits(spec.removeprefix("bits:"))
