@@ -162,3 +162,20 @@ def test_greedy_kangaroo_with_the_shipped_adapter_is_plain_decoding_on_smollm2(s
         accepted += sum(r.accepted for r in result.records)
         rejected += sum(r.nodes > r.accepted for r in result.records)
     assert len(spec_bench_prompts) >= 10 and accepted > 0 and rejected > 0
+
+
+def test_a_qwen2_adapter_drafts_incrementally_as_over_whole_sequences():
+    from tests.integration.test_layer_skip_backend import tiny_qwen2
+
+    target = tiny_qwen2()
+    adapter = random_adapter(target)
+    assert adapter.self_attn.q_proj.bias is not None  # the target's own attention class (Qwen2: q/k/v biases)
+    draft = LayerSkipBackend(target, SkipSet.shallow(4, EXIT), exit=adapter, label="kangaroo")
+    draft.reset()
+    draft.extend(PREFIX[:-1])
+    round_ = compile_round(len(PREFIX), [result_from_paths(TREE)])
+    rows = draft.verify(PREFIX[-1], round_).logits
+    torch.testing.assert_close(rows[0], reference_row(target, adapter, PREFIX), atol=1e-5, rtol=0)
+    for r in range(round_.n):
+        torch.testing.assert_close(rows[r + 1], reference_row(target, adapter, PREFIX + list(round_.path_tokens(r))),
+                                   atol=1e-5, rtol=0)

@@ -184,3 +184,33 @@ def test_on_smollm2_an_empty_skip_set_reproduces_the_target(smol_target):
         got = rows_of(draft, prefix, paths)
         torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
         assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def tiny_qwen2(seed: int = 0, layers: int = 4) -> TransformersBackend:
+    """A tiny random Qwen2 (q/k/v biases, grouped KV heads): the other decoder family shipped."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from draftwise.backends.base import BackendInfo
+    from tests.integration.tiny_models import TinyTokenizer, V
+
+    config = Qwen2Config(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=layers,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                         initializer_range=0.6, tie_word_embeddings=False, use_sliding_window=False)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():  # Qwen2 initializes its biases at zero: make them matter
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0.0, 0.5)
+    info = BackendInfo(name="transformers", checkpoint=f"tiny-qwen2-{layers}-seed{seed}", tokenizer_hash="tiny",
+                       vocab_size=V, context_length=64, dtype="float32", device="cpu", eos_token_ids=frozenset({V + 1}))
+    return TransformersBackend(model, TinyTokenizer(), info)
+
+
+@pytest.mark.parametrize("bits", ["00000000", "01100110", "11000011"])
+def test_qwen2_skip_sets_equal_the_zeroed_reference(bits):
+    target = tiny_qwen2()
+    skip = SkipSet.parse_bits(bits)
+    draft, reference = LayerSkipBackend(target, skip), zeroed_reference(target, skip)
+    for paths in (None, [[1, 2, 3, 4]], TREE):
+        torch.testing.assert_close(rows_of(draft, PREFIX, paths), rows_of(reference, PREFIX, paths), atol=1e-5, rtol=0)

@@ -120,3 +120,18 @@ def test_the_decoder_verifies_with_the_reusing_view_of_the_target(tmp_path):
     assert view.reused_total > 0
     without = build_decoder(make_spec(config, **options, reuse="false"), base)
     assert without.target is base
+
+
+def test_reuse_on_qwen2_gives_the_targets_logits(tmp_path):
+    from tests.integration.test_layer_skip_backend import tiny_qwen2
+
+    base = tiny_qwen2(seed=1)
+    target = ShallowReuseBackend.of(base)
+    directory = saved(tmp_path, base, random_adapter(base, seed=1))
+    proposer = open_kangaroo(KangarooConfig(adapter=str(directory), eta=0.0, k=4), DrafterResources(target))
+    proposer.begin(GREEDY, np.random.default_rng(0))
+    result, round_ = drafted_round(target, proposer, PREFIX)
+    reused = target.verify(PREFIX[-1], round_).logits.clone()
+    assert target.last_reused == len(result.nodes)
+    target.rollback()
+    torch.testing.assert_close(reused, target.verify(PREFIX[-1], round_).logits, atol=1e-5, rtol=0)
