@@ -98,3 +98,15 @@ def test_proposer_auto_replays_layer_skip_given_a_skip_set_and_says_why_it_skips
     given = make_spec(GenerationConfig(max_new_tokens=24), proposer="auto", skip="bits:01100110")
     choice, _ = choose(target, tmp_path, given)
     assert "layer-skip" in {s.name for s in choice.scores}
+
+
+def test_a_fixed_size_search_skips_exactly_that_many_sublayers(tmp_path):
+    target = deep_tiny(seed=4)
+    seen = []
+    result = search_skip(target, SearchRecipe(trials=4, max_new_tokens=6, startup=1, size=4), LayerSkipConfig(),
+                         tmp_path / "work", PROMPTS, on_trial=seen.append)
+    assert [row["skipped"] for row in seen] == [4, 4, 4, 4] and result.skip.skipped == 4
+    assert seen[0]["bits"] == SkipSet.every_other(4).bits()  # the rule it is compared with, at equal size
+    assert len({row["bits"] for row in seen}) > 1
+    with pytest.raises(InputError, match="8 sublayers"):
+        search_skip(target, SearchRecipe(trials=1, size=9), LayerSkipConfig(), tmp_path / "w2", PROMPTS)

@@ -44,10 +44,12 @@ class SearchRecipe:
     max_new_tokens: int = option(48, help="tokens generated per prompt and trial")
     seed: int = option(0, help="TPE sampler seed")
     startup: int = option(10, help="random trials before TPE models the objective")
+    size: int = option(0, help="skip exactly this many sublayers (0: any number); the number the every-other "
+                               "rule skips (L) compares the search with the rule at equal size")
 
     def __post_init__(self) -> None:
-        if self.trials < 1 or self.max_new_tokens < 2 or self.startup < 0:
-            raise InputError("a search needs >= 1 trial, >= 2 new tokens per prompt and startup >= 0")
+        if self.trials < 1 or self.max_new_tokens < 2 or self.startup < 0 or self.size < 0:
+            raise InputError("a search needs >= 1 trial, >= 2 new tokens per prompt, startup >= 0 and size >= 0")
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,8 @@ def search_skip(target: TransformersBackend, recipe: SearchRecipe, drafter: Laye
     import optuna
 
     layers = int(target.model.config.num_hidden_layers)
+    if recipe.size > 2 * layers:
+        raise InputError(f"size {recipe.size}: the target has {2 * layers} sublayers")
     key = study_key(target, recipe, drafter, prompts)
     work.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # draftwise reports each trial itself
@@ -106,10 +110,15 @@ def search_skip(target: TransformersBackend, recipe: SearchRecipe, drafter: Laye
         target, [], prompts, recipe.max_new_tokens)[0])
     if not study.trials:
         for seed_set in starting_sets(layers):
-            study.enqueue_trial(_params(seed_set))
+            if recipe.size in (0, seed_set.skipped):
+                study.enqueue_trial(_params(seed_set, recipe.size))
 
     def objective(trial) -> float:
-        skip = SkipSet(tuple(trial.suggest_int(name, 0, 1) for name in _names(layers)))
+        if recipe.size:  # random keys: a weight per sublayer, the `size` heaviest skipped (TPE models the weights)
+            weights = [trial.suggest_float(name, 0.0, 1.0) for name in _names(layers)]
+            skip = SkipSet(_heaviest(weights, recipe.size))
+        else:
+            skip = SkipSet(tuple(trial.suggest_int(name, 0, 1) for name in _names(layers)))
         started = time.perf_counter()
         f, detail = measure(skip)
         trial.set_user_attr("bits", skip.bits())
@@ -154,6 +163,7 @@ def study_key(target: TransformersBackend, recipe: SearchRecipe, drafter: LayerS
     """A study resumes only for the same objective: target, threads, prompts and settings."""
     return stable_hash({"target": target.info.checkpoint, "threads": target.n_threads, "dtype": target.info.dtype,
                         "prompts": [list(p) for p in prompts], "max_new_tokens": recipe.max_new_tokens, "seed": recipe.seed,
+                        "size": recipe.size,
                         "drafter": {k: str(v) for k, v in asdict(drafter).items() if k != "skip"}})
 
 
@@ -175,8 +185,15 @@ def _names(layers: int) -> list[str]:
     return [f"{kind}{i}" for i in range(layers) for kind in ("attn", "mlp")]
 
 
-def _params(skip: SkipSet) -> dict[str, int]:
-    return dict(zip(_names(skip.layers), skip.z))
+def _params(skip: SkipSet, size: int = 0) -> dict[str, float]:
+    """The trial parameters that reproduce `skip`: its bits, or (fixed size) weights 1 where it skips."""
+    return {name: float(v) if size else int(v) for name, v in zip(_names(skip.layers), skip.z)}
+
+
+def _heaviest(weights: list[float], size: int) -> tuple[int, ...]:
+    """z with the `size` largest weights skipped (ties to the earlier sublayer)."""
+    order = sorted(range(len(weights)), key=lambda i: (-weights[i], i))[:size]
+    return tuple(int(i in order) for i in range(len(weights)))
 
 
 def _stored_or_measured(study, key: str, measure: Callable[[], float]) -> float:
