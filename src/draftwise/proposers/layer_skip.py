@@ -79,7 +79,8 @@ class LayerSkipConfig:
     k: int = option(12, help="longest chain (a round never drafts deeper)")
     gamma: float = option(0.6, help="stop the chain after a drafted token the draft gave less than gamma (the "
                                     "starting value when adaptive)")
-    adaptive: bool = option(True, help="steer gamma by the EMA rule toward target_acceptance; false: fixed gamma")
+    adaptive: bool = option(True, help="chains: steer gamma by the EMA rule toward target_acceptance; false: fixed "
+                                          "gamma")
     # the EMA rule's settings, defined here once (GammaRule takes them from the config)
     beta1: float = option(0.5, help="adaptive gamma: EMA weight of the past acceptance rate")
     beta2: float = option(0.9, help="adaptive gamma: EMA weight of the past gamma")
