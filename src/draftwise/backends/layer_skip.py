@@ -134,7 +134,9 @@ class LayerSkipBackend(TransformersBackend):
         layers just appended (each [H_kv, R, D])."""
         rows = x.shape[0]
         for j, position in enumerate(positions.tolist()):
-            kv = tuple((self._cache.layers[i].keys[0, :, j - rows], self._cache.layers[i].values[0, :, j - rows])
+            # copies: a view would pin every superseded cache tensor (each extend concatenates anew)
+            kv = tuple((self._cache.layers[i].keys[0, :, j - rows].clone(),
+                        self._cache.layers[i].values[0, :, j - rows].clone())
                        for i in range(self.record_boundary or 0))
             self._shallow[int(position)] = (x[j].clone(), kv)
 
@@ -142,6 +144,11 @@ class LayerSkipBackend(TransformersBackend):
         """(x [d], per layer below the boundary (keys [H_kv, D], values [H_kv, D])) of the row the
         draft holds at `position`, or None (not computed, or cut since)."""
         return self._shallow.get(position) if position < self._committed + self._pending_rows else None
+
+    def forget_shallow(self, below: int) -> None:
+        """Drop the recorded rows before position `below` (committed on the target: never offered again)."""
+        for position in [p for p in self._shallow if p < below]:
+            del self._shallow[position]
 
     def _crop_to(self, length: int) -> None:
         super()._crop_to(length)

@@ -80,6 +80,7 @@ class KangarooProposer(SelfDraftProposer):
     def _offer(self, pending_position: int) -> None:
         from draftwise.backends.shallow_reuse import ShallowMeta, ShallowRow, ancestry
 
+        self.draft.forget_shallow(pending_position)  # type: ignore[attr-defined]
         fed = list(self.drafting._cached)  # the tokens whose rows the draft holds, in position order
         generation = int(self.target.generation)  # type: ignore[attr-defined]
         rows = []
