@@ -123,15 +123,16 @@ class ShallowReuseBackend(TransformersBackend):
         self._offered = list(rows)
 
     def verify(self, pending: int, round_: CompiledRound | None, unread: Sequence[int] = ()) -> TorchLogits:
-        self._pending = int(pending)
-        self._tokens.extend(int(t) for t in unread)  # read and committed by this verify
         chain = round_ is None or bool(np.array_equal(round_.parent, np.arange(-1, round_.n - 1)))
         self._plan = self._reusable(pending, round_) if chain and not unread else []
         self._offered = []
         try:
-            return super().verify(pending, round_, unread)
+            logits = super().verify(pending, round_, unread)
         finally:
             self._plan = []
+        self._pending = int(pending)
+        self._tokens.extend(int(t) for t in unread)  # read and committed by this verify
+        return logits
 
     def _reusable(self, pending: int, round_: CompiledRound | None) -> list[ShallowRow]:
         """The leading rows of [pending, candidates] whose offered row may be reused."""
