@@ -147,3 +147,35 @@ def adapter_info(directory: Path = typer.Argument(..., help="a Kangaroo adapter 
                       "manifest_hash": adapter.manifest_hash, "recipe": adapter.provenance.get("recipe"),
                       "metrics": {k: v for k, v in adapter.provenance.get("metrics", {}).items() if k != "history"}},
                      indent=2))
+
+
+@adapter_app.command("tune")
+def adapter_tune(
+    adapters: List[Path] = typer.Option(..., "--adapter", help="an adapter per exit layer to compare (repeatable)"),
+    target: str = typer.Option("smollm2-135m", "--target", help="target model (the transformers backend loads it)"),
+    etas: str = typer.Option("0.2,0.4,0.6,0.8", "--etas", help="early-exit thresholds to measure"),
+    prompts: str = typer.Option("spec-bench:all:6", "--prompts", help="development workload (disjoint from the "
+                                                                       "evaluation's)"),
+    max_new_tokens: int = typer.Option(48, "--max-new-tokens"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads"),
+) -> None:
+    """Choose the exit layer (adapter) and eta by measured seconds per committed token."""
+    from draftwise.build import load_backend
+    from draftwise.optimize.kangaroo_tune import tune_kangaroo
+    from draftwise.workloads import first_turn_prompts
+
+    try:
+        try:
+            grid = [float(e) for e in etas.split(",") if e.strip()]
+        except ValueError as exc:
+            raise InputError(f"--etas {etas!r}: expected comma-separated numbers") from exc
+        with progress_to(_dim):
+            backend = load_backend(target, "transformers", threads)
+            ids = first_turn_prompts(backend.chat_prompt, prompts)
+            choice = tune_kangaroo(backend, adapters, grid, ids, max_new_tokens)  # type: ignore[arg-type]
+    except DraftwiseError as exc:
+        _fail(str(exc))
+        return
+    print(json.dumps({"adapter": str(choice.adapter), "eta": choice.eta, "f": choice.f, "plain_f": choice.plain,
+                      "speedup": choice.plain / choice.f, "threads": backend.n_threads, "prompts": prompts,
+                      "table": list(choice.table)}, indent=2))

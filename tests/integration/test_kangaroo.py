@@ -10,6 +10,8 @@ target's LM head, on the layer-skipping backend.
   Spec-Bench prompts).
 """
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -179,3 +181,15 @@ def test_a_qwen2_adapter_drafts_incrementally_as_over_whole_sequences():
     for r in range(round_.n):
         torch.testing.assert_close(rows[r + 1], reference_row(target, adapter, PREFIX + list(round_.path_tokens(r))),
                                    atol=1e-5, rtol=0)
+
+
+def test_tuning_measures_every_adapter_and_eta_and_picks_the_fastest(tmp_path):
+    from draftwise.optimize.kangaroo_tune import tune_kangaroo
+
+    target = deep_tiny(seed=2)
+    shallow = saved(tmp_path, target, random_adapter(target, exit_layer=1, seed=1), "l1")
+    deeper = saved(tmp_path, target, random_adapter(target, exit_layer=2, seed=1), "l2")
+    choice = tune_kangaroo(target, [shallow, deeper], [0.0, 0.5], [[1, 2, 3], [5, 0, 7]], 8)
+    assert [(row["exit_layer"], row["eta"]) for row in choice.table] == [(1, 0.0), (1, 0.5), (2, 0.0), (2, 0.5)]
+    assert choice.f == min(row["f"] for row in choice.table) and choice.plain > 0
+    assert (choice.adapter, choice.eta) in {(Path(row["adapter"]), row["eta"]) for row in choice.table}

@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 from draftwise.artifacts import stable_hash
 from draftwise.backends.transformers import TransformersBackend
+from draftwise.build import verifying_target
 from draftwise.engine import GenerationConfig, SpeculativeDecoder
 from draftwise.errors import InputError
 from draftwise.options import option
@@ -64,8 +65,8 @@ def seconds_per_token(target: TransformersBackend, proposers: list, prompts: Seq
                       max_new_tokens: int) -> tuple[float, dict[str, float]]:
     """f: wall seconds over committed tokens, summed over `prompts` (greedy); and what it was made of."""
     config = GenerationConfig(max_new_tokens=max_new_tokens)
-    decoder = SpeculativeDecoder(target, proposers, make_verifier("greedy", [p.contract for p in proposers],
-                                                                  config.policy), config)
+    decoder = SpeculativeDecoder(verifying_target(proposers, target), proposers,
+                                 make_verifier("greedy", [p.contract for p in proposers], config.policy), config)
     wall = tokens = accepted = rounds = 0.0
     for prompt in prompts:
         result = decoder.generate(prompt)
