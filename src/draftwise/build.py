@@ -174,7 +174,15 @@ def build_decoder(spec: DecoderSpec, target: Backend, draft: Backend | None = No
     proposers = make_proposers(spec, target, draft)
     verifier = make_verifier(spec.verifier, [p.contract for p in proposers], spec.generation.policy)
     generation = replace(fitted_generation(spec), gate=gate_config(spec, target))
-    return SpeculativeDecoder(target, proposers, verifier, generation)
+    return SpeculativeDecoder(verifying_target(proposers, target), proposers, verifier, generation)
+
+
+def verifying_target(proposers: list[Proposer], target: Backend) -> Backend:
+    """The target, or the view of it a proposer asked to be verified by (Kangaroo's shallow
+    reuse: the same loaded model, whose verify may start at the exit layer for the rows the
+    draft offers; every row still checked by `may_reuse`)."""
+    views = [view for p in proposers if (view := getattr(p, "verifying_target", None)) is not None]
+    return views[0] if views else target
 
 
 def default_threads() -> int:

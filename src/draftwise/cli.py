@@ -371,10 +371,13 @@ def _wire_subcommands() -> None:
     from draftwise.bench.cli import bench_app
     from draftwise.cli_heads import heads_app
     from draftwise.cli_index import index_app
+    from draftwise.cli_selfdraft import adapter_app, skip_app
     from draftwise.cli_tree import calibrate, tree_app
 
     app.add_typer(index_app, name="index")
     app.add_typer(heads_app, name="heads")
+    app.add_typer(skip_app, name="skip")
+    app.add_typer(adapter_app, name="adapter")
     app.add_typer(tree_app, name="tree")
     app.command()(calibrate)
     app.add_typer(bench_app, name="bench")

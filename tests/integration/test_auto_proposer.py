@@ -153,7 +153,8 @@ def test_auto_proposer_measures_once_reuses_and_remeasures_what_was_tampered_wit
     sampled, log = choose(target, tmp_path, make_spec(GenerationConfig(policy=SamplingPolicy(temperature=1.0)), proposer="auto"),
                           draft=tiny_backend(1))
     assert "plain trace" in log and sampled.traces_directory != first.traces_directory
-    assert [name for name, _ in sampled.skipped] == ["draft-model"]  # said, with the reason, not dropped
+    # said, with the reason, not dropped (the self-drafters: sampled chains verified by rejection)
+    assert [name for name, _ in sampled.skipped] == ["draft-model", "layer-skip", "kangaroo"]
 
 
 @pytest.mark.parametrize("relative,expected", [([1.0] + [100.0] * 10, {"plain"}),

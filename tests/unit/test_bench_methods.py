@@ -133,7 +133,7 @@ def test_names_must_be_unique_and_file_safe():
 def test_a_key_of_another_proposer_is_refused_not_ignored():
     from draftwise.bench.methods import MethodError, parse_method
 
-    with pytest.raises(MethodError, match="k configures draft-model, not prompt-lookup"):
+    with pytest.raises(MethodError, match="k configures draft-model, layer-skip, kangaroo, not prompt-lookup"):
         parse_method("pl=dw:proposer=prompt-lookup,k=3", DEFAULTS)
 
 
@@ -160,8 +160,10 @@ def test_auto_proposer_key():
         parse_method("a=dw:proposer=none,calibration=humaneval:0-1", DEFAULTS)
     with pytest.raises(MethodError, match="drop --gate"):
         parse_method("a=dw:proposer=auto,gate=auto", DEFAULTS)
-    with pytest.raises(MethodError, match="no proposer fits"):  # rejection sampling needs q: no lookup proposer has it
-        parse_method("a=dw:proposer=auto,verifier=rejection", DEFAULTS)
+    with pytest.raises(MethodError, match="no proposer fits"):  # Sequoia needs sampled trees: no candidate drafts one
+        parse_method("a=dw:proposer=auto,verifier=sequoia", DEFAULTS)
+    # rejection sampling needs q: no lookup proposer has it, the self-drafters (the target's own layers) do
+    assert parse_method("a=dw:proposer=auto,verifier=rejection", DEFAULTS).decoder.proposer == "auto"
 
 
 def test_a_long_json_tree_is_a_template_not_a_path():

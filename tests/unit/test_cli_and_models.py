@@ -49,7 +49,7 @@ def test_directory_without_config_refused(tmp_path):
     (["--draft", "smollm2-135m"], "--draft is for a proposer that drafts"),
     (["--proposer", "prompt-lookup", "--tree", "auto"], "tree configures draft-model"),
     (["--proposer", "draft-model", "--draft", "smollm2-135m", "--index", "/nowhere"], "index configures rest"),
-    (["--set", "k=3"], "k configures draft-model, not prompt-lookup"),
+    (["--set", "k=3"], "k configures draft-model, layer-skip, kangaroo"),
     (["--set", "lookupp=3"], "unknown key(s) lookupp"),
     (["--proposer", "magic"], "unknown proposer 'magic'"),
 ])

@@ -280,6 +280,8 @@ class TransformersBackend:
             src = torch.tensor([t + 1 + r for r in accepted_rows], dtype=torch.long, device=self.device)
             with torch.inference_mode():  # the cache tensors were made under inference mode
                 for layer in self._cache.layers:
+                    if not layer.is_initialized:  # a layer-skipping draft runs some layers' attention only
+                        continue
                     layer.keys[:, :, t + 1 : t + 1 + k] = layer.keys.index_select(2, src)
                     layer.values[:, :, t + 1 : t + 1 + k] = layer.values.index_select(2, src)
         self._crop_to(t + 1 + k)

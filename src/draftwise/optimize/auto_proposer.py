@@ -38,6 +38,7 @@ from draftwise.gate import CostGateConfig
 from draftwise.optimize.auto import AutoTreeConfig, artifact_matches, auto_gate_directory, ensure_profile, gate_rows
 from draftwise.cost_profile import VerifyCostProfile
 from draftwise.optimize.replay import Trace, predicted_seconds, replay, trace_from_records
+from draftwise.proposers.base import Proposer
 from draftwise.verify.registry import VERIFIERS
 
 log = logging.getLogger(__name__)  # progress lines (the CLI shows INFO)
@@ -192,6 +193,7 @@ def choose_proposer(
     generation = replace(spec.generation, max_new_tokens=trace_tokens)
     traces_dir = Path(cache_root) / "traces" / stable_hash(trace_key(target, prompts, generation))[:20]
     traces = ensure_traces(target, prompts, generation, traces_dir)
+    candidates, built = buildable(candidates, target, draft, skipped)
 
     max_rows = max(1 + candidate_rows(c) for _, c in candidates)
     chain = not any(c.drafter is not None and c.drafter.shape.branches for _, c in candidates)
@@ -202,9 +204,9 @@ def choose_proposer(
     resolved = [(name, replace(c, gate=GateProfile(profile_dir)) if isinstance(c.gate, AutoGate) else c)  # the gate reads this profile
                 for name, c in candidates]
     replays = []
-    for name, candidate in resolved:
+    for (name, candidate), proposers in zip(resolved, built):
         log.info("replaying %s on %d trace(s)", name, len(traces))
-        replays.append(replay_candidate(candidate, target, draft, traces, trace_tokens, profile))
+        replays.append(replay_candidate(candidate, target, draft, traces, trace_tokens, profile, proposers))
     plain_rate = replays[0].seconds_per_token  # candidate 0 is plain decoding
     scores = sorted((CandidateScore(name, r.seconds_per_token, plain_rate / r.seconds_per_token, r.mean_accepted,
                                     r.rounds, r.tokens_per_s) for (name, _), r in zip(resolved, replays)),
@@ -235,12 +237,33 @@ class CandidateReplay:
         return self.accepted / max(self.later_rounds, 1)
 
 
+def buildable(candidates: list[tuple[str, DecoderSpec]], target: Backend, draft: Backend | None,
+              skipped: list[tuple[str, str]]) -> tuple[list[tuple[str, DecoderSpec]], list[list[Proposer]]]:
+    """The candidates whose proposers can be built here, with them (built once: a REST index
+    re-checks its checksums on open); the others go to `skipped` with the reason (a self-drafter
+    without a skip set or adapter for this target, or on llama.cpp), before they could size the
+    verify profile."""
+    kept, built = [], []
+    for name, candidate in candidates:
+        try:
+            proposers = make_proposers(candidate, target, draft)
+        except DraftwiseError as exc:
+            skipped.append((name, str(exc)))
+            continue
+        kept.append((name, candidate))
+        built.append(proposers)
+    return kept, built
+
+
 def replay_candidate(spec: DecoderSpec, target: Backend, draft: Backend | None, traces: Sequence[Trace],
-                     trace_tokens: int, profile: VerifyCostProfile) -> CandidateReplay:
-    """Predicted time of one concrete configuration (gate, if any, from `profile`) on `traces`."""
+                     trace_tokens: int, profile: VerifyCostProfile,
+                     proposers: Sequence[Proposer] | None = None) -> CandidateReplay:
+    """Predicted time of one concrete configuration (gate, if any, from `profile`) on `traces`
+    (`proposers`: the configuration's, already built)."""
     limits = fitted_generation(spec).limits
     gate = CostGateConfig(profile) if spec.gate else None
-    proposers = make_proposers(spec, target, draft)  # once: a REST index re-checks its checksums on open
+    if proposers is None:
+        proposers = make_proposers(spec, target, draft)  # once: a REST index re-checks its checksums on open
     seconds, tokens = [], []
     accepted = later_rounds = rounds_total = 0
     for trace in traces:

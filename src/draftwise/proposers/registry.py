@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from draftwise.proposers import draft_model, hydra, medusa, prompt_lookup
+from draftwise.proposers import draft_model, hydra, kangaroo, layer_skip, medusa, prompt_lookup
 from draftwise.proposers.family import DrafterRegistry
 from draftwise.proposers.retrieval import proposer as rest
 
@@ -12,4 +12,6 @@ DRAFTERS = DrafterRegistry([
     rest.FAMILY,
     medusa.FAMILY,
     hydra.FAMILY,
+    layer_skip.FAMILY,
+    kangaroo.FAMILY,
 ])

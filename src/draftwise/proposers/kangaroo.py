@@ -1,0 +1,131 @@
+"""Kangaroo (`--proposer kangaroo`, HEADS.md section 7): the target's first l layers, a trained
+adapter (one attention layer, two norms) and the target's LM head draft for the full target.
+
+The draft pass is `LayerSkipBackend` with every layer from l on skipped and the adapter as its
+exit: its own cache holds rows for the l shallow layers and the adapter only; the target's
+cache is never touched.  `DraftModelProposer` drives it: a chain of at most k tokens that
+exits early after a token whose draft probability is below eta (greedy: the top-1
+probability, the paper's rule), or a tree level by level.  Sampled drafts carry the adapter's
+normalized q (exact under rejection and SpecInfer); greedy drafts are its argmax.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from draftwise.backends.transformers import TransformersBackend
+from draftwise.contracts import ProposalResult, ProposerContract, SamplingRelation
+from draftwise.errors import BackendError, InputError
+from draftwise.options import option
+from draftwise.proposers.draft_model import DraftConfig, config_contract, config_shape
+from draftwise.proposers.family import CandidateShape, DrafterFamily, DrafterResources
+from draftwise.proposers.layer_skip import SelfDraftProposer
+from draftwise.topology.tree_spec import TreeSpec, TreeTemplate, parse_tree, show_tree
+
+
+@dataclass(frozen=True)
+class KangarooConfig:
+    adapter: str | None = option(None, help="adapter directory (draftwise adapter train); default: the one shipped "
+                                            "or trained for the target")
+    k: int = option(6, help="longest chain (the paper's gamma)")
+    eta: float = option(0.6, help="early exit: stop the chain after a drafted token the draft gave less than eta")
+    tree: TreeSpec | None = option(None, parse=parse_tree, show=show_tree,
+                                   help="tree mode: chain:4, wbd:2,2,1, cartesian:3,2, JSON paths")
+    relation: SamplingRelation = option(SamplingRelation.IID, help="tree children: iid | without_replacement | beam")
+    reuse: bool = option(True, help="chains: offer the shallow rows to a target that can start its verify at the "
+                                    "exit layer (ShallowReuseBackend); each row is reused only where may_reuse holds")
+
+    def __post_init__(self) -> None:
+        if self.tree is not None and not isinstance(self.tree, TreeTemplate):
+            raise InputError("kangaroo trees are index paths (chain:4, wbd:2,2,1, cartesian:3,2, JSON paths)")
+        self.draft_config()  # the draft-model checks (k, eta in [0, 1), relation)
+
+    def draft_config(self) -> DraftConfig:
+        return DraftConfig(k=self.k, confidence_threshold=self.eta, tree=self.tree, relation=self.relation)
+
+
+def contract(config: KangarooConfig) -> ProposerContract:
+    return config_contract(config.draft_config())
+
+
+def shape(config: KangarooConfig) -> CandidateShape:
+    return config_shape(config.draft_config())
+
+
+class KangarooProposer(SelfDraftProposer):
+    """Kangaroo, offering its shallow rows to a target that can start a verify at the boundary
+    (`ShallowReuseBackend`): the pending token's and every drafted token it fed, each with the
+    metadata the target checks (`may_reuse`) before it reuses the row."""
+
+    def __init__(self, draft: TransformersBackend, config: KangarooConfig, target: object, checkpoint: str,
+                 boundary: int, identity: dict[str, object]) -> None:
+        super().__init__("kangaroo", draft, config.draft_config(), None, dict(identity))
+        self.target = target
+        self.verifying_target: TransformersBackend | None = None  # set when the engine must verify with a view
+        self.checkpoint = checkpoint
+        self.boundary = boundary
+        self.reuse = config.reuse and config.tree is None and callable(getattr(target, "declare_boundary", None))
+        if self.reuse:
+            draft.record_boundary = boundary  # type: ignore[attr-defined]
+            target.declare_boundary(boundary)  # type: ignore[attr-defined]
+
+    def propose(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None) -> ProposalResult:
+        result = super().propose(context, manifest_hash, max_depth)
+        if self.reuse:
+            self._offer(len(context) - 1)
+        return result
+
+    def _offer(self, pending_position: int) -> None:
+        from draftwise.backends.shallow_reuse import ShallowMeta, ShallowRow, ancestry
+
+        self.draft.forget_shallow(pending_position)  # type: ignore[attr-defined]
+        fed = list(self.drafting._cached)  # the tokens whose rows the draft holds, in position order
+        generation = int(self.target.generation)  # type: ignore[attr-defined]
+        rows = []
+        for position in range(pending_position, len(fed)):
+            held = self.draft.shallow_row(position)  # type: ignore[attr-defined]
+            if held is None:
+                break
+            meta = ShallowMeta(self.checkpoint, self.boundary, fed[position], position, ancestry(fed[: position + 1]),
+                               self.draft.info.dtype, generation)
+            rows.append(ShallowRow(meta, held[0], held[1]))
+        self.target.offer(rows)  # type: ignore[attr-defined]
+
+
+def open_kangaroo(config: KangarooConfig, resources: DrafterResources) -> SelfDraftProposer:
+    from draftwise.backends.layer_skip import LayerSkipBackend
+    from draftwise.backends.shallow_reuse import ShallowReuseBackend
+    from draftwise.selfdraft.adapter import default_adapter, load_adapter
+    from draftwise.selfdraft.skipset import SkipSet
+
+    target = resources.target
+    if not isinstance(target, TransformersBackend):
+        raise BackendError(f"Kangaroo runs the target's shallow layers on the transformers backend, not "
+                           f"{target.info.name} (llama.cpp's public API evaluates every layer)")
+    directory = Path(config.adapter) if config.adapter else default_adapter(target.info.checkpoint)
+    adapter_set = load_adapter(directory)
+    adapter_set.check_target(target.info.checkpoint, target.info.tokenizer_hash, target.model)
+    adapter = adapter_set.build(target.model)
+    arch = adapter_set.arch
+    draft = LayerSkipBackend(target, SkipSet.shallow(arch.layers, arch.exit_layer), exit=adapter, label="kangaroo")
+    identity = {"adapter": adapter_set.manifest_hash, "exit_layer": arch.exit_layer, "eta": config.eta,
+                "reuse": config.reuse}
+    verifying = target
+    if config.reuse and config.tree is None and not isinstance(target, ShallowReuseBackend):
+        verifying = ShallowReuseBackend.of(target)  # the same loaded model; the engine verifies with this view
+    proposer = KangarooProposer(draft, config, verifying, target.info.checkpoint, arch.exit_layer, identity)
+    proposer.verifying_target = None if verifying is target else verifying
+    return proposer
+
+
+FAMILY = DrafterFamily(
+    name="kangaroo",
+    config=KangarooConfig,
+    contract=contract,
+    shape=shape,
+    build=open_kangaroo,
+    summary="Kangaroo: the target's first l layers + a trained adapter + its LM head, early exit below eta",
+    auto_candidate=True,  # where an adapter ships or was trained for the target; else listed as skipped
+)
