@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 30 run: llama.cpp greedy decoding on the embedded model, default kernels against strict
+# Issue 30 run: llama.cpp greedy decoding on the embedded model, default kernels against strict (trees)
 # ones (`--strict`: flash attention, >= 2-row decodes, unpacked weights, rejected tree cells
 # kept; rounds capped at the rows the invariance probe measured bit-identical), HumanEval 0-19
 # + the first 40 Spec-Bench development questions, 128 new tokens, one run.  Each method is
@@ -20,9 +20,9 @@ cpp="backend=llamacpp"
   --method lookup=dw:proposer=prompt-lookup,$cpp \
   --method lookup-tree=dw:proposer=prompt-lookup,$cpp,candidates=4 \
   --method lookup-gate=dw:proposer=prompt-lookup,$cpp,gate=auto \
-  --method strict-plain=dw:proposer=none,$cpp,strict=true \
-  --method strict-lookup=dw:proposer=prompt-lookup,$cpp,strict=true \
-  --method strict-lookup-tree=dw:proposer=prompt-lookup,$cpp,candidates=4,strict=true \
-  --method strict-lookup-gate=dw:proposer=prompt-lookup,$cpp,gate=auto,strict=true \
+  --method strict-plain=dw:proposer=none,$cpp,strict=trees \
+  --method strict-lookup=dw:proposer=prompt-lookup,$cpp,strict=trees \
+  --method strict-lookup-tree=dw:proposer=prompt-lookup,$cpp,candidates=4,strict=trees \
+  --method strict-lookup-gate=dw:proposer=prompt-lookup,$cpp,gate=auto,strict=trees \
   --method llamacpp-plain --method llamacpp-plain-fed=llamacpp-plain:feed=draftwise "$@"
 .venv/bin/python benchmarks/llamacpp_ties.py "$out" --workload humaneval:0-19 --workload spec-bench:40
