@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from draftwise.proposers import draft_model, hydra, medusa, prompt_lookup
+from draftwise.proposers import clover, draft_model, hydra, hydra_plus, medusa, prompt_lookup
 from draftwise.proposers.family import DrafterRegistry
 from draftwise.proposers.retrieval import proposer as rest
 
@@ -12,4 +12,6 @@ DRAFTERS = DrafterRegistry([
     rest.FAMILY,
     medusa.FAMILY,
     hydra.FAMILY,
+    hydra_plus.FAMILY,
+    clover.FAMILY,
 ])
