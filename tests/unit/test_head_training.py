@@ -57,6 +57,7 @@ VARIANTS = {
     "hydra++-teacher": ("hydra++", {"layers": 2, "teacher_weight": 0.2}),
     "clover": ("clover", {}),
     "clover-augmented": ("clover", {"prefix": True}),
+    "hydra-segment-batches": ("hydra", {"segment_batches": True}),
 }
 
 

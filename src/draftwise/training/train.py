@@ -66,6 +66,8 @@ class TrainRecipe:
     teacher_weight: float = option(0.0, help="weight of L_teacher (cross-entropy with the target's distribution)")
     conditioning: str = option("teacher", help="dependent heads' path in training: teacher (true tokens) | self "
                                                "(earlier heads' picks)")
+    segment_batches: bool = option(False, help="draw whole segments per step even without a context layer (which "
+                                               "needs them): isolates the batching's effect from the layer's")
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.batch < 1 or self.lr <= 0 or not 0 <= self.warmup < 1:
@@ -83,7 +85,8 @@ class TrainRecipe:
     def as_dict(self) -> dict:
         """The options added with Hydra++ only when they differ from their defaults: an older
         recipe keeps the dict (and the checkpoint directory hash) it had."""
-        defaults = {"prefix": False, "hard_weight": 1.0, "teacher_weight": 0.0, "conditioning": "teacher"}
+        defaults = {"prefix": False, "hard_weight": 1.0, "teacher_weight": 0.0, "conditioning": "teacher",
+                    "segment_batches": False}
         return {k: v for k, v in asdict(self).items() if k not in defaults or v != defaults[k]}
 
 
@@ -292,7 +295,7 @@ def train_heads(recipe: TrainRecipe, stream: HiddenStream, lm_head: torch.Tensor
     dependent_embed = embed.float() if arch.dependent else None
     optimizer = torch.optim.AdamW(heads.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
     layer = getattr(heads, "prefix", None)
-    sampler = Sampler(train_rows, recipe, by_segment=layer is not None)
+    sampler = Sampler(train_rows, recipe, by_segment=layer is not None or recipe.segment_batches)
     total = sampler.steps * recipe.epochs
     weights = [recipe.decay ** (i - 1) for i in range(1, arch.num_heads + 1)]
     history: list[dict] = []
@@ -304,7 +307,7 @@ def train_heads(recipe: TrainRecipe, stream: HiddenStream, lm_head: torch.Tensor
         for step, (picks, group) in enumerate(sampler.epoch(epoch)):
             for param_group in optimizer.param_groups:
                 param_group["lr"] = lr_at(epoch * sampler.steps + step, total, recipe)
-            frontier = stream_frontier(train) if group is None else context_frontier(layer, train, group)
+            frontier = stream_frontier(train) if group is None or layer is None else context_frontier(layer, train, group)
             loss = step_loss(heads, vocab, dependent_embed, train_rows, recipe, picks, frontier, weights)
             optimizer.zero_grad(set_to_none=True)
             if loss.requires_grad:
