@@ -34,6 +34,8 @@ def main() -> None:
         options += ["prefix"] if r["arch"].get("prefix") else []
         if recipe.get("teacher_weight"):
             options.append(f"teacher={recipe['teacher_weight']:g}, hard={recipe.get('hard_weight', 1.0):g}")
+        if recipe.get("segment_batches"):
+            options.append("segment batches")
         if recipe.get("conditioning", "teacher") != "teacher":
             options.append(f"conditioning={recipe['conditioning']}")
         options.append(f"lr={recipe['lr']:g}")
