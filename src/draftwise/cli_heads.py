@@ -14,7 +14,8 @@ from draftwise.errors import DraftwiseError, InputError
 from draftwise.logs import progress_to
 from draftwise.options import config_keys, parse_config
 
-heads_app = typer.Typer(help="Draft heads (Medusa, Hydra): train, info, import, export.", no_args_is_help=True)
+heads_app = typer.Typer(help="Draft heads (Medusa, Hydra, Hydra++, Clover): train, info, import, export.",
+                        no_args_is_help=True)
 err = Console(stderr=True)
 
 
@@ -35,11 +36,12 @@ def _split(settings: list[str]) -> dict[str, str]:
 
 @heads_app.command()
 def train(
-    family: str = typer.Option(..., "--family", help="medusa | hydra"),
+    family: str = typer.Option(..., "--family", help="medusa | hydra | hydra++ | clover"),
     out: Optional[Path] = typer.Option(None, "--out", help="head-set artifact directory to write (default: the cache, "
                                                           "where the family finds it for this target)"),
     target: str = typer.Option("smollm2-135m", "--target", help="target model (the transformers backend loads it)"),
-    preset: Optional[str] = typer.Option(None, "--preset", help="a published recipe scaled to a CPU: medusa-1 | hydra"),
+    preset: Optional[str] = typer.Option(None, "--preset", help="a published recipe scaled to a CPU: medusa-1 | hydra | "
+                                                                   "hydra++ | clover"),
     settings: List[str] = typer.Option([], "--set", help="KEY=VALUE of the recipe or the corpus (see --help-keys)"),
     work: Optional[Path] = typer.Option(None, "--work", help="working directory (corpus, hidden states, checkpoints); "
                                                              "default: a folder in the cache keyed by target and corpus"),

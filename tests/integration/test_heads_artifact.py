@@ -1,9 +1,13 @@
 """Head-set artifacts: a saved set loads back whole; a set is refused for another tokenizer or
 another checkpoint (HeadsMismatch), a tampered weights file or manifest is refused naming it,
-and a family mismatch (medusa heads given to proposer hydra) or a width mismatch is refused
-before the target runs a single forward."""
+and a family mismatch (medusa heads given to proposer hydra, hydra heads to hydra++, ...) or a
+width mismatch is refused before the target runs a single forward; every family, Hydra++'s
+prefix layer and Clover's augmenting block included, round-trips; a set with a context layer
+is refused by a backend that keeps no committed hidden states; an artifact written before the
+Hydra++ fields existed (the shipped Hydra set) still loads."""
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -48,9 +52,11 @@ def target():
     return tiny_backend(3)
 
 
-@pytest.fixture(scope="module", params=["medusa", "hydra"])
+@pytest.fixture(scope="module", params=["medusa", "hydra", "hydra++", "clover"])
 def saved(request, target, tmp_path_factory):
-    headset = random_headset(request.param, target, seed=1, num_heads=3, draft_vocab=6)
+    context = request.param in ("hydra++", "clover")  # with the prefix layer / augmenting block
+    headset = random_headset(request.param, target, seed=1, num_heads=3, draft_vocab=6,
+                             layers=2 if request.param == "hydra++" else 1, prefix=context)
     return headset, save_headset(tmp_path_factory.mktemp(request.param) / "heads", headset)
 
 
@@ -104,15 +110,16 @@ def test_an_edited_manifest_is_refused(saved, tmp_path):
         load_heads(directory)
 
 
-@pytest.mark.parametrize("given, asked", [("medusa", "hydra"), ("hydra", "medusa")])
+@pytest.mark.parametrize("given, asked", [("medusa", "hydra"), ("hydra", "medusa"), ("hydra", "hydra++"),
+                                          ("hydra++", "clover"), ("clover", "hydra")])
 def test_a_family_mismatch_is_refused_before_any_target_work(given, asked, target, tmp_path):
     directory = save_headset(tmp_path / "heads", random_headset(given, target, seed=2))
     spy = Spy(target)
-    with pytest.raises(InputError, match=f"{given} heads given to proposer {asked}"):
+    with pytest.raises(InputError, match=re.escape(f"{given} heads given to proposer {asked}")):
         build_decoder(make_spec(proposer=asked, heads=directory), spy)
     assert spy.calls == []
     # and through the proposer itself, without the builder
-    with pytest.raises(InputError, match=f"{given} heads given to proposer {asked}"):
+    with pytest.raises(InputError, match=re.escape(f"{given} heads given to proposer {asked}")):
         HeadsProposer(asked, spy, load_heads(directory), HeadsConfig())
     assert spy.calls == []
 
@@ -155,3 +162,31 @@ def test_the_proposer_identity_names_the_head_set(saved, target):
     identity = proposer.identity()
     assert identity["heads"] == loaded.manifest_hash and identity["arch"] == loaded.arch.as_dict()
     assert np.array_equal(proposer.token_map, headset.token_map.numpy())
+
+
+class WithoutContext:
+    """The target without `track_context` / `context_hidden` (as the llama.cpp backend)."""
+
+    def __init__(self, backend) -> None:
+        self._backend = backend
+
+    def __getattr__(self, name):
+        if name in ("track_context", "context_hidden"):
+            raise AttributeError(name)
+        return getattr(self._backend, name)
+
+
+@pytest.mark.parametrize("family", ["hydra++", "clover"])
+def test_a_context_layer_needs_a_backend_that_keeps_committed_states(family, target):
+    with_layer = random_headset(family, target, seed=4, prefix=True)
+    with pytest.raises(BackendError, match="every committed row's hidden state"):
+        HeadsProposer(family, WithoutContext(target), with_layer, HeadsConfig())
+    HeadsProposer(family, WithoutContext(target), random_headset(family, target, seed=4), HeadsConfig())  # no layer: fine
+
+
+def test_the_shipped_hydra_set_written_before_hydra_plus_plus_still_loads():
+    from draftwise.heads.defaults import SHIPPED
+
+    loaded = load_heads(SHIPPED / "hydra-smollm2-135m")
+    assert loaded.arch.family == "hydra" and not loaded.arch.prefix
+    assert "prefix" not in loaded.arch.as_dict()

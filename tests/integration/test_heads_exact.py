@@ -1,9 +1,10 @@
 """Draft heads are exact: on a tiny random Llama with random non-trivial heads over a reduced
 draft vocabulary (6 of 8 tokens), the tokens emitted after the first (round 2 onward, where the
 heads read the frontier state the verify forward left) follow the target's exact law at
-temperature 1 (chi-square, fixed seeds) for sampled Medusa and Hydra children: i.i.d. under
-SpecInfer, without replacement under Sequoia.  At temperature 0 both families, chain and tree,
-emit exactly what plain decoding emits."""
+temperature 1 (chi-square, fixed seeds) for sampled Medusa, Hydra, Hydra++ (deeper heads and
+the prefix layer over the context) and Clover (with its augmenting block) children: i.i.d.
+under SpecInfer, without replacement under Sequoia.  At temperature 0 every family, chain and
+tree, emits exactly what plain decoding emits."""
 
 import pytest
 import torch
@@ -45,13 +46,18 @@ def law(target):
     return exact_law(target, POLICY, PROMPT, NEW).sum(axis=0)
 
 
-@pytest.mark.parametrize("family", ["medusa", "hydra"])
+# family -> (layers, prefix): Hydra++ with deeper heads and the prefix layer, Clover with the augmenting block
+OPTIONS = {"medusa": (1, False), "hydra": (1, False), "hydra++": (2, True), "clover": (1, True)}
+
+
+@pytest.mark.parametrize("family", list(OPTIONS))
 @pytest.mark.parametrize("verifier, relation", [
     (SpecInferVerifier(), SamplingRelation.IID),
     (SequoiaVerifier(), SamplingRelation.WITHOUT_REPLACEMENT),
 ], ids=["specinfer-iid", "sequoia-without-replacement"])
 def test_sampled_head_children_emit_the_target_law(target, law, family, verifier, relation):
-    headset = random_headset(family, target, seed=1, num_heads=2, draft_vocab=6)
+    layers, prefix = OPTIONS[family]
+    headset = random_headset(family, target, seed=1, num_heads=2, draft_vocab=6, layers=layers, prefix=prefix)
     proposer = HeadsProposer(family, target, headset, HeadsConfig(tree=TREE, relation=relation))
     counts, seen = emitted_counts(target, proposer, verifier, POLICY, PROMPT, SAMPLES, NEW)
     assert seen["accepted"] > 50 and seen["rejected"] > 50  # both the accepted and the residual branches ran
@@ -84,10 +90,12 @@ def plain(target):
     return [decoder.generate(p).tokens for p in GREEDY_PROMPTS]
 
 
-@pytest.mark.parametrize("family", ["medusa", "hydra"])
+@pytest.mark.parametrize("family", list(OPTIONS))
 @pytest.mark.parametrize("tree", [None, "cartesian:2,2", "[[0],[1],[2],[0,0],[0,1],[0,0,0]]"], ids=["chain", "cartesian", "sparse"])
 def test_greedy_heads_emit_what_plain_decoding_emits(target, plain, family, tree, tmp_path):
-    directory = save_headset(tmp_path / "heads", random_headset(family, target, seed=5, num_heads=3, draft_vocab=6))
+    layers, prefix = OPTIONS[family]
+    headset = random_headset(family, target, seed=5, num_heads=3, draft_vocab=6, layers=layers, prefix=prefix)
+    directory = save_headset(tmp_path / "heads", headset)
     options = {"proposer": family, "heads": directory, "verifier": "greedy"}
     spec = make_spec(GenerationConfig(max_new_tokens=16), **options, **({"tree": tree} if tree else {}))
     decoder = build_decoder(spec, target)

@@ -36,6 +36,9 @@ def prompts_and_plain(target):
     return prompts, [decoder.generate(p).tokens for p in prompts]
 
 
+FAMILIES = ["medusa", "hydra", "hydra++", "clover"]
+
+
 def shipped(family: str, checkpoint: str):
     return next((d for f, c, d in shipped_heads() if f == family and c == checkpoint), None)
 
@@ -44,7 +47,7 @@ def shipped(family: str, checkpoint: str):
 def heads_dirs(target, tmp_path_factory):
     """family -> (head-set directory, shipped?)."""
     out = {}
-    for seed, family in enumerate(["medusa", "hydra"]):
+    for seed, family in enumerate(FAMILIES):
         directory = shipped(family, target.info.checkpoint)
         if directory is not None:
             out[family] = (directory, True)
@@ -54,7 +57,7 @@ def heads_dirs(target, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("family", ["medusa", "hydra"])
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("tree", [None, TREE], ids=["chain", "tree"])
 def test_heads_are_token_identical_to_plain_decoding(target, prompts_and_plain, heads_dirs, family, tree):
     directory, is_shipped = heads_dirs[family]

@@ -21,18 +21,19 @@ from tests.integration.tiny_models import chi_square_p
 
 
 def random_headset(family: str, target, seed: int, num_heads: int = 2, draft_vocab: int | None = None,
-                   gain: float = 1.0, layers: int = 1, lowest_ids: bool = False) -> HeadSet:
+                   gain: float = 1.0, layers: int = 1, lowest_ids: bool = False, prefix: bool = False) -> HeadSet:
     """A head set bound to `target`, over a random draft vocabulary of `draft_vocab` tokens
     (default: the whole vocabulary, in a shuffled order; `lowest_ids`: the ids 0..draft_vocab-1,
     a BPE vocabulary's earliest, most common merges).  Weights are rounded to bf16, as an
-    artifact stores them, so a saved and reloaded set is the same set."""
+    artifact stores them, so a saved and reloaded set is the same set.  `prefix`: with the
+    Hydra++ prefix layer / Clover augmenting block."""
     weights = target.token_weights()
     vocab_size, d = weights.lm_head.shape
     g = torch.Generator().manual_seed(seed)
     token_map = torch.randperm(vocab_size, generator=g)[: draft_vocab or vocab_size]
     if lowest_ids:
         token_map = torch.arange(draft_vocab or vocab_size)
-    arch = HeadArch(family, num_heads, d, layers, vocab_size, int(token_map.numel()))
+    arch = HeadArch(family, num_heads, d, layers, vocab_size, int(token_map.numel()), prefix=prefix)
     heads = make_heads(arch)
     with torch.no_grad():
         for p in heads.parameters():
@@ -128,7 +129,7 @@ def head_law(headset: HeadSet, weights, policy: SamplingPolicy, h: np.ndarray, p
             out = headset.heads.head(depth, state)  # the path is not read: independent heads
         else:
             embed = torch.from_numpy(weights.embed)  # [V, d]
-            out = headset.heads.head(depth, torch.cat([state, embed[list(path)].reshape(1, -1)], dim=1))
+            out = headset.heads.path_state(depth, state, embed[list(path)][None])  # type: ignore[union-attr]
         logits = out @ torch.from_numpy(weights.lm_head)[headset.token_map].T  # [1, V_d]
     q = np.zeros(headset.arch.vocab_size)
     q[headset.token_map.numpy()] = policy.probs(logits.numpy())[0]

@@ -19,7 +19,8 @@ BASE = DecoderSpec(backend="transformers", generation=GenerationConfig(max_new_t
 
 def test_the_library_registry_is_unchanged_and_names_are_refused_with_the_choices():
     assert "repeat-last" in REGISTRY.names() and "repeat-last" not in DRAFTERS.names()
-    with pytest.raises(InputError, match="choose none, prompt-lookup, draft-model, rest, medusa, hydra, layer-skip, kangaroo, auto"):
+    with pytest.raises(InputError, match=r"choose none, prompt-lookup, draft-model, rest, medusa, hydra, hydra\+\+, clover, "
+                                         r"layer-skip, kangaroo, auto"):
         DRAFTERS.get("repeat-last")
     with pytest.raises(ValueError, match="twice"):
         REGISTRY.with_family(repeat_last.FAMILY)

@@ -1,7 +1,9 @@
 """The head training loop on a tiny synthetic hidden-state stream: deterministic under its seed,
 an interrupted run resumes from its checkpoint to the very weights of an uninterrupted one, a
-checkpoint of another recipe is not resumed, and both families learn a planted pattern (hidden
-states that encode the next tokens) far above chance."""
+checkpoint of another recipe is not resumed, and every family and training option (Hydra
+self-conditioned, Hydra++ with deeper heads, the prefix layer and the teacher loss, Clover with
+and without its augmenting block) learns a planted pattern (hidden states that encode the next
+tokens) far above chance."""
 
 import numpy as np
 import pytest
@@ -46,6 +48,19 @@ def weights():
     return torch.randn(V, D, generator=g), torch.randn(V, D, generator=g)  # lm_head, embed
 
 
+# id -> (family, recipe overrides)
+VARIANTS = {
+    "medusa": ("medusa", {}),
+    "hydra": ("hydra", {}),
+    "hydra-self": ("hydra", {"conditioning": "self"}),
+    "hydra++": ("hydra++", {"layers": 2, "prefix": True}),
+    "hydra++-teacher": ("hydra++", {"layers": 2, "teacher_weight": 0.2}),
+    "clover": ("clover", {}),
+    "clover-augmented": ("clover", {"prefix": True}),
+    "hydra-segment-batches": ("hydra", {"segment_batches": True}),
+}
+
+
 def recipe(family, **over):
     base = dict(family=family, num_heads=K, layers=1, draft_vocab=V, epochs=4, lr=2e-2, warmup=0.1, batch=64,
                 decay=0.8, seed=0)
@@ -72,20 +87,22 @@ def _one_thread():
     torch.set_num_threads(1)  # bit-for-bit comparisons of two runs in one process (conftest restores)
 
 
-@pytest.mark.parametrize("family", ["medusa", "hydra"])
-def test_training_is_deterministic_under_its_seed(family, stream, weights, tmp_path):
-    arch1, heads1, map1, metrics1 = train(family, stream, weights, tmp_path / "a", epochs=2)
-    arch2, heads2, map2, metrics2 = train(family, stream, weights, tmp_path / "b", epochs=2)
+@pytest.mark.parametrize("variant", ["medusa", "hydra", "hydra++", "clover-augmented"])
+def test_training_is_deterministic_under_its_seed(variant, stream, weights, tmp_path):
+    family, over = VARIANTS[variant]
+    arch1, heads1, map1, metrics1 = train(family, stream, weights, tmp_path / "a", epochs=2, **over)
+    arch2, heads2, map2, metrics2 = train(family, stream, weights, tmp_path / "b", epochs=2, **over)
     assert arch1 == arch2 and torch.equal(map1, map2)
     assert same_weights(heads1, heads2)
     assert without_seconds(metrics1["history"]) == without_seconds(metrics2["history"])
-    _, heads3, _, _ = train(family, stream, weights, tmp_path / "c", epochs=2, seed=1)
+    _, heads3, _, _ = train(family, stream, weights, tmp_path / "c", epochs=2, seed=1, **over)
     assert not same_weights(heads1, heads3)  # the seed does reach the shuffles
 
 
-@pytest.mark.parametrize("family", ["medusa", "hydra"])
-def test_an_interrupted_run_resumes_to_the_same_weights(family, stream, weights, tmp_path, monkeypatch):
-    _, whole, _, whole_metrics = train(family, stream, weights, tmp_path / "whole")
+@pytest.mark.parametrize("variant", ["medusa", "hydra", "hydra++"])
+def test_an_interrupted_run_resumes_to_the_same_weights(variant, stream, weights, tmp_path, monkeypatch):
+    family, over = VARIANTS[variant]
+    _, whole, _, whole_metrics = train(family, stream, weights, tmp_path / "whole", **over)
 
     calls = []
     real_evaluate = train_module.evaluate
@@ -98,19 +115,19 @@ def test_an_interrupted_run_resumes_to_the_same_weights(family, stream, weights,
 
     monkeypatch.setattr(train_module, "evaluate", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        train(family, stream, weights, tmp_path / "split")
+        train(family, stream, weights, tmp_path / "split", **over)
     assert (tmp_path / "split" / "checkpoint.safetensors").is_file()
 
     calls.clear()
     monkeypatch.setattr(train_module, "evaluate", lambda *a, **k: calls.append(1) or real_evaluate(*a, **k))
-    _, resumed, _, resumed_metrics = train(family, stream, weights, tmp_path / "split")
+    _, resumed, _, resumed_metrics = train(family, stream, weights, tmp_path / "split", **over)
     assert len(calls) == 3  # epochs 2..4 only: epoch 1 came from the checkpoint
     assert same_weights(whole, resumed)
     assert without_seconds(resumed_metrics["history"]) == without_seconds(whole_metrics["history"])
 
     # a finished run resumes to itself without training
     calls.clear()
-    _, again, _, _ = train(family, stream, weights, tmp_path / "split")
+    _, again, _, _ = train(family, stream, weights, tmp_path / "split", **over)
     assert not calls and same_weights(whole, again)
 
 
@@ -122,17 +139,18 @@ def test_a_checkpoint_of_another_recipe_is_not_resumed(stream, weights, tmp_path
     assert len(metrics["history"]) == 1
 
 
-@pytest.mark.parametrize("family", ["medusa", "hydra"])
-def test_heads_learn_a_planted_pattern(family, stream, weights, tmp_path):
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_heads_learn_a_planted_pattern(variant, stream, weights, tmp_path):
+    family, over = VARIANTS[variant]
     lm_head, embed = weights
-    arch, heads, token_map, metrics = train(family, stream, weights, tmp_path, epochs=6)
+    arch, heads, token_map, metrics = train(family, stream, weights, tmp_path, epochs=6, **over)
     top1 = metrics["validation"]["top1"]
     assert len(top1) == K
     assert min(top1) > 0.85, top1  # chance is 1 / 12 (measured: 0.97 and 1.0)
     # the untrained heads of the same shape do not: the pattern is learned, not read off the LM head
     vocab = DraftVocab(lm_head, token_map)
     rows = Rows(stream.subset("validation"), arch, vocab.index_of())
-    untrained = evaluate(make_heads(arch), vocab, embed if family == "hydra" else None, rows)["top1"]
+    untrained = evaluate(make_heads(arch), vocab, embed if arch.dependent else None, rows)["top1"]
     assert max(untrained) < 0.3, untrained
     assert metrics["rows"] == {f"head{i}": 48 * (LENGTH - PROMPT) for i in (1, 2)}
     assert metrics["coverage"] == {"train": 1.0, "validation": 1.0}

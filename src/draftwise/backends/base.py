@@ -118,6 +118,24 @@ class HiddenStates(Protocol):
     def token_weights(self) -> TokenWeights: ...
 
 
+class ContextHidden(Protocol):
+    """Hidden states of every committed row, which a layer over the whole context reads (the
+    Hydra++ prefix layer, Clover's augmenting block).  They come out of the forwards that
+    committed those rows (the prompt's included), so they cost no extra target forward."""
+
+    def track_context(self, on: bool = True) -> None:
+        """Keep (or stop keeping) the final-norm state of every row as it is committed; takes
+        effect at the next reset (rows committed before it are unknown)."""
+
+    def context_hidden(self, start: int) -> np.ndarray | None:
+        """[cached_len - start, d] float32: the states of committed rows start .. cached_len - 1
+        (None when some are unknown)."""
+
+
+def supports_context_hidden(backend: object) -> bool:
+    return all(callable(getattr(backend, name, None)) for name in ("track_context", "context_hidden"))
+
+
 def supports_hidden(backend: object) -> bool:
     return all(callable(getattr(backend, name, None)) for name in ("track_hidden", "frontier_hidden", "token_weights"))
 

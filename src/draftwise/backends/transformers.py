@@ -95,6 +95,9 @@ class TransformersBackend:
         self._rows_hidden: torch.Tensor | None = None  # [1 + N, d] of the provisional rows (pending first)
         self._frontier: torch.Tensor | None = None  # [d] of committed row cached_len - 1
         self._last_hidden: torch.Tensor | None = None  # [keep, d] of the last forward's kept rows
+        self._track_context = False  # keep every committed row's hidden state (a layer over the context reads them)
+        self._context: torch.Tensor | None = None  # [cached_len, d] committed rows' states; None: unknown
+        self._read_hidden: torch.Tensor | None = None  # [R, d] every row of the last forward (context tracking)
 
     # ---- loading -------------------------------------------------------------------------
     @classmethod
@@ -149,10 +152,31 @@ class TransformersBackend:
         self._pending_rows = 0
         self._rows_hidden = None
         self._frontier = None
+        self._context = self._no_rows() if self._track_context else None
 
     # ---- hidden states (draft heads) ------------------------------------------------------------
     def track_hidden(self, on: bool = True) -> None:
         self._track = on
+
+    def track_context(self, on: bool = True) -> None:
+        self._track_context = on
+        if on:
+            self._track = True
+        else:
+            self._context = None
+
+    def context_hidden(self, start: int) -> np.ndarray | None:
+        if self._context is None or self._context.shape[0] != self._committed or not 0 <= start <= self._committed:
+            return None
+        return self._context[start:].float().cpu().numpy()
+
+    def _no_rows(self) -> torch.Tensor:
+        return torch.zeros((0, self.model.config.hidden_size), dtype=self.model.dtype, device=self.device)
+
+    def _keep_context(self, rows: torch.Tensor | None) -> None:
+        """Append the states of rows just committed [R, d] (None: unknown, so is every later row)."""
+        if self._context is not None:
+            self._context = None if rows is None else torch.cat([self._context, rows])
 
     def frontier_hidden(self) -> np.ndarray | None:
         return None if self._frontier is None else self._frontier.float().cpu().numpy()
@@ -186,6 +210,7 @@ class TransformersBackend:
             raise
         # the last entry is the final norm's output, the LM head's input (checked by a test)
         self._last_hidden = out.hidden_states[-1][0, -keep:] if self._track else None  # [keep, d]
+        self._read_hidden = out.hidden_states[-1][0] if self._track and self._track_context else None  # [R, d]
         return out.logits[0]  # [keep, V]
 
     def _crop_to(self, length: int) -> None:
@@ -211,6 +236,7 @@ class TransformersBackend:
         logits = self._forward(list(tokens), positions, None, keep=1)
         self._committed += len(tokens)
         self._frontier = None if self._last_hidden is None else self._last_hidden[-1]
+        self._keep_context(self._read_hidden)
         return TorchLogits(logits[-1:])
 
     def verify(self, pending: int, round_: CompiledRound | None, unread: Sequence[int] = ()) -> TorchLogits:
@@ -231,6 +257,8 @@ class TransformersBackend:
             mask = self._tree_mask(t, u, round_)
         logits = self._forward(ids, positions, mask, keep=1 + n)  # [1+N, V]: the unread rows' are not needed
         self._committed = t  # the unread rows are context: committed, whatever the round's outcome
+        if u:
+            self._keep_context(None if self._read_hidden is None else self._read_hidden[:u])
         self._pending_rows = 1 + n
         self._round = round_
         self._rows_hidden = self._last_hidden
@@ -289,7 +317,10 @@ class TransformersBackend:
         self._pending_rows = 0
         if self._rows_hidden is not None:  # the last kept row predicted the new pending token
             self._frontier = self._rows_hidden[accepted_rows[-1] + 1 if k else 0]
+            self._keep_context(self._rows_hidden[[0, *(r + 1 for r in accepted_rows)]])  # pending + accepted rows
             self._rows_hidden = None
+        else:
+            self._keep_context(None)
 
     def rollback(self) -> None:
         if self._pending_rows:
@@ -303,6 +334,8 @@ class TransformersBackend:
             self._crop_to(length)
             self._committed = length
             self._frontier = None
+            if self._context is not None:
+                self._context = self._context[:length]
 
     def kv_bytes(self) -> int:
         if self._cache is None:

@@ -10,6 +10,13 @@ outside the map and stays normalized over it.
 
 Medusa heads imported from other projects (`interchange`) carry their own LM head per head
 instead (`HeadArch.own_lm_head`): [V_d, d] each, rows aligned with the same `token_map`.
+
+Hydra++ (HEADS.md section 3) is Hydra's head with its options: deeper heads (`layers`), and
+with `prefix` a prefix-attention decoder layer (`heads.prefix`) over the context whose output
+replaces h_{t-1}; its loss options live in the training recipe.  Clover (section 4,
+`heads.clover`) replaces the widening concatenation by a recurrent state.  Every dependent
+family answers `path_state(i, h, path)`: depth i's state from the frontier state and the
+embeddings of its path, so training and drafting read the heads through one call.
 """
 
 from __future__ import annotations
@@ -20,49 +27,51 @@ import torch
 from torch import nn
 
 from draftwise.errors import InputError
+from draftwise.heads.blocks import ResBlock
+from draftwise.heads.clover import CloverHeads
+from draftwise.heads.prefix import PrefixLayer
 
-FAMILIES = ("medusa", "hydra")
+__all__ = ["HeadArch", "ResBlock", "MedusaHeads", "HydraHead", "HydraHeads", "CloverHeads", "DraftVocab", "make_heads"]
+
+FAMILIES = ("medusa", "hydra", "hydra++", "clover")
+DEPENDENT = ("hydra", "hydra++", "clover")  # heads that read their path's token embeddings
+CONTEXT_LAYER = ("hydra++", "clover")  # families with an optional layer over the whole context (`prefix`)
 
 
 @dataclass(frozen=True)
 class HeadArch:
     """Everything that fixes the parameter shapes of a head set."""
 
-    family: str  # "medusa" (independent) or "hydra" (dependent)
+    family: str  # "medusa" (independent), "hydra", "hydra++" or "clover" (dependent)
     num_heads: int  # K: depths 1..K past the pending token
     hidden_size: int  # d of the target
     layers: int  # residual blocks per head (Hydra: after its input projection)
     vocab_size: int  # the target's vocabulary V
     draft_vocab: int  # rows of the draft vocabulary (== vocab_size: the full LM head)
     own_lm_head: bool = False  # Medusa only: each head ends in its own [V_d, d] LM head, not the target's
+    # hydra++: the prefix-attention decoder layer over the context feeds the heads; clover: the
+    # augmenting block on the target state (the same layer, HEADS.md section 4)
+    prefix: bool = False
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise InputError(f"head family must be one of {FAMILIES}, got {self.family!r}")
         if self.own_lm_head and self.family != "medusa":
             raise InputError(f"own LM heads are a Medusa layout; {self.family} heads share the target's")
+        if self.prefix and self.family not in CONTEXT_LAYER:
+            raise InputError(f"a context layer (prefix) is a {' / '.join(CONTEXT_LAYER)} option, not {self.family}'s")
         if self.num_heads < 1 or self.layers < 1:
             raise InputError(f"a head set needs >= 1 head and >= 1 layer, got {self.num_heads} and {self.layers}")
         if not 0 < self.draft_vocab <= self.vocab_size:
             raise InputError(f"draft vocabulary of {self.draft_vocab} rows for a vocabulary of {self.vocab_size}")
 
+    @property
+    def dependent(self) -> bool:
+        return self.family in DEPENDENT
+
     def as_dict(self) -> dict:
-        """own_lm_head only when set: a shared-LM-head set keeps the dict (and the hashes) it had."""
-        return {k: v for k, v in asdict(self).items() if k != "own_lm_head" or v}
-
-
-class ResBlock(nn.Module):
-    """x + SiLU(W x + b); W and b start at zero, so an untrained block is the identity (with
-    nn.Linear's random bias it would add SiLU(b) to every state)."""
-
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.linear = nn.Linear(d, d)
-        nn.init.zeros_(self.linear.weight)
-        nn.init.zeros_(self.linear.bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., d] -> [..., d]
-        return x + nn.functional.silu(self.linear(x))
+        """own_lm_head and prefix only when set: an older set keeps the dict (and the hashes) it had."""
+        return {k: v for k, v in asdict(self).items() if k not in ("own_lm_head", "prefix") or v}
 
 
 class MedusaHeads(nn.Module):
@@ -113,12 +122,14 @@ class HydraHead(nn.Module):
 
 
 class HydraHeads(nn.Module):
-    """K dependent heads; head i takes (i + 1) vectors: h_{t-1} then i token embeddings."""
+    """K dependent heads; head i takes (i + 1) vectors: h_{t-1} then i token embeddings.
+    Hydra++ with `prefix`: h_{t-1} is first replaced by the prefix layer's output at that row."""
 
     def __init__(self, arch: HeadArch) -> None:
         super().__init__()
         self.arch = arch
         self.blocks = nn.ModuleList(HydraHead(arch.hidden_size, i + 1, arch.layers) for i in range(1, arch.num_heads + 1))
+        self.prefix = PrefixLayer(arch.hidden_size) if arch.prefix else None
 
     def head(self, i: int, u: torch.Tensor) -> torch.Tensor:
         """Depth i (1-based): u [B, (i+1) d] -> [B, d]."""
@@ -126,8 +137,14 @@ class HydraHeads(nn.Module):
             raise InputError(f"hydra head {i} takes {(i + 1)} vectors of {self.arch.hidden_size}, got width {u.shape[-1]}")
         return self.blocks[i - 1](u)
 
+    def path_state(self, i: int, h: torch.Tensor, path: torch.Tensor) -> torch.Tensor:
+        """Depth i from h [B, d] and its path's embeddings [B, i, d] -> [B, d]."""
+        return self.head(i, torch.cat([h, path.flatten(1)], dim=1))
 
-def make_heads(arch: HeadArch) -> MedusaHeads | HydraHeads:
+
+def make_heads(arch: HeadArch) -> MedusaHeads | HydraHeads | CloverHeads:
+    if arch.family == "clover":
+        return CloverHeads(arch)
     return MedusaHeads(arch) if arch.family == "medusa" else HydraHeads(arch)
 
 

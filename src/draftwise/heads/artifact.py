@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from draftwise.artifacts import Manifest, read_manifest, staged_artifact, write_manifest
 from draftwise.errors import ArtifactError, ContractError
-from draftwise.heads.arch import HeadArch, HydraHeads, MedusaHeads, make_heads
+from draftwise.heads.arch import CloverHeads, HeadArch, HydraHeads, MedusaHeads, make_heads
 
 KIND = "draft_heads"
 WEIGHTS = "heads.safetensors"
@@ -37,7 +37,7 @@ class HeadTarget:
 @dataclass(frozen=True, eq=False)
 class HeadSet:
     arch: HeadArch
-    heads: MedusaHeads | HydraHeads  # float32, eval mode
+    heads: MedusaHeads | HydraHeads | CloverHeads  # float32, eval mode
     token_map: torch.Tensor  # [V_d] target ids, most frequent first
     target: HeadTarget
     manifest_hash: str
@@ -58,7 +58,7 @@ class HeadSet:
             )
 
 
-def save_heads(directory: Path, arch: HeadArch, heads: MedusaHeads | HydraHeads, token_map: torch.Tensor,
+def save_heads(directory: Path, arch: HeadArch, heads: MedusaHeads | HydraHeads | CloverHeads, token_map: torch.Tensor,
                target: HeadTarget, provenance: Mapping[str, Any], dtype: torch.dtype = torch.bfloat16) -> Manifest:
     """Write the artifact atomically (a failure leaves the old one in place).  `dtype`: of the
     weights on disk (imported heads keep their source's precision; loading reads any)."""

@@ -1,10 +1,14 @@
-"""Draft heads as proposers (Medusa: independent heads, Hydra: dependent heads).
+"""Draft heads as proposers (Medusa: independent heads; Hydra, Hydra++ and Clover: dependent heads).
 
 The heads read the target's hidden state of the row that predicted the pending token
 (`HiddenStates.frontier_hidden`), which the verify forward that just ran produced: no extra
 target forward per round.  A round expands an index-path template (Medusa's "choices") level
 by level: Medusa computes every depth from that one state (one stage); Hydra runs head i once
-per level, batched over the level's parents, each conditioned on its own path's embeddings.
+per level, batched over the level's parents, each conditioned on its own path's embeddings;
+Clover advances each parent's recurrent state by one step (its parent's state and its own
+token).  A set with a context layer (Hydra++'s prefix layer, Clover's augmenting block) first
+runs it over the rows committed since the last round (`PrefixState`, proposal-side state) and
+reads its output at the frontier instead of the target's state.
 
 Children are the head's top-k (relation `beam`: deterministic, so greedy or membership
 verification) or drawn from its normalized q (`iid` or `without_replacement`: exact under
@@ -26,7 +30,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from draftwise.backends.base import Backend, supports_hidden
+from draftwise.backends.base import Backend, supports_context_hidden, supports_hidden
 from draftwise.contracts import (
     ProbabilitySemantics,
     ProposalNode,
@@ -36,12 +40,13 @@ from draftwise.contracts import (
     TopologyKind,
 )
 from draftwise.errors import BackendError, InputError
-from draftwise.heads.arch import DraftVocab, HydraHeads, MedusaHeads
+from draftwise.heads.arch import CloverHeads, DraftVocab, MedusaHeads
 from draftwise.heads.artifact import HeadSet, load_heads
 from draftwise.heads.defaults import default_heads
 from draftwise.options import option
 from draftwise.proposers.base import RoundFeedback
 from draftwise.proposers.family import CandidateShape, DrafterFamily, DrafterResources
+from draftwise.proposers.prefix_state import PrefixState
 from draftwise.sampling import SamplingPolicy, sample
 from draftwise.topology.templates import Template, chain, comb, max_depth, num_children, slots_by_parent
 from draftwise.topology.tree_spec import TreeSpec, TreeTemplate, parse_tree, resolved_template, show_tree
@@ -135,7 +140,7 @@ class HeadsProposer:
         self.config = config
         self.contract = config_contract(config)
         self.vocab = DraftVocab(torch.from_numpy(weights.lm_head), heads.token_map)
-        self.embed = torch.from_numpy(weights.embed) if heads.arch.family == "hydra" else None  # [V, d]
+        self.embed = torch.from_numpy(weights.embed) if heads.arch.dependent else None  # [V, d]
         self.token_map = heads.token_map.numpy()  # [V_d]
         self.draft_index = self.vocab.index_of().numpy()  # [V] target id -> draft index, -1 outside the map
         template = config.template
@@ -144,8 +149,19 @@ class HeadsProposer:
             raise InputError(f"tree of depth {max_depth(self.template)} for {heads.arch.num_heads} heads")
         self._policy = SamplingPolicy()
         self._rng = np.random.default_rng(0)
-        target.track_hidden()  # type: ignore[attr-defined]
+        layer = getattr(heads.heads, "prefix", None)
+        if layer is not None and not supports_context_hidden(target):
+            raise BackendError(f"{name} heads with a context layer read every committed row's hidden state, which "
+                               f"backend {target.info.name} does not keep; use the transformers backend or a set "
+                               "trained without prefix")
+        self.prefix = PrefixState(layer, target) if layer is not None else None
+        self._track()
         self.last_seconds: dict[str, float] = {}
+
+    def _track(self) -> None:
+        self.target.track_hidden()  # type: ignore[attr-defined]
+        if self.prefix is not None:
+            self.target.track_context()  # type: ignore[attr-defined]
 
     def identity(self) -> dict:
         return {"name": self.name, "heads": self.headset.manifest_hash, "arch": self.headset.arch.as_dict(),
@@ -153,22 +169,36 @@ class HeadsProposer:
 
     def begin(self, policy: SamplingPolicy, rng: np.random.Generator) -> None:
         self._policy, self._rng = policy, rng
-        self.target.track_hidden()  # type: ignore[attr-defined]  # the engine switched it off for the generation
+        self._track()  # the engine switched tracking off for the generation
 
     def observe(self, feedback: RoundFeedback) -> None:
-        pass  # the heads hold no state: the target's next frontier state is their input
+        pass  # the next frontier state is the heads' input; a context layer syncs its KV in `propose`
+
+    def frontier_state(self, context: Sequence[int]) -> torch.Tensor | None:
+        """The heads' input h [d]: the target's state at the row that predicted the pending
+        token, or the context layer's output there; None before the target has read anything."""
+        if self.prefix is not None:
+            return self.prefix.frontier(context)
+        if self.target.cached_len != len(context) - 1:
+            return None
+        h = self.target.frontier_hidden()  # type: ignore[attr-defined]
+        return None if h is None else torch.from_numpy(np.asarray(h, dtype=np.float32))
 
     def propose(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None) -> ProposalResult:
         template = self.template
         self.last_seconds = {}
         if max_depth is not None:
             template = tuple(p for p in template if len(p) <= max_depth)
-        h = self.target.frontier_hidden() if self.target.cached_len == len(context) - 1 else None  # type: ignore[attr-defined]
         nodes: list[ProposalNode] = []
         rows: dict[int, np.ndarray] = {}
+        clock = time.perf_counter()
+        h = self.frontier_state(context) if template else None
+        context_seconds = time.perf_counter() - clock
         if template and h is not None:
             with torch.inference_mode():
-                nodes, rows = self._expand(int(context[-1]), torch.from_numpy(np.asarray(h, dtype=np.float32)), template)
+                nodes, rows = self._expand(int(context[-1]), h, template)
+            if self.prefix is not None:
+                self.last_seconds["context"] = context_seconds
         return ProposalResult(
             nodes=tuple(nodes), contract=self.contract, source=self.name, manifest_hash=manifest_hash,
             distributions=ExpandedDistributions(self.token_map, self.headset.arch.vocab_size, rows),
@@ -185,6 +215,7 @@ class HeadsProposer:
         rows: dict[int, np.ndarray] = {}
         self.last_seconds = {}
         medusa_logits: torch.Tensor | None = None
+        clover_state: dict[int, torch.Tensor] = {}  # proposal node -> the recurrent state after its token [d]
         unsure: set[int] = set()  # template nodes below which nothing is drafted (sampled, under the threshold)
         for level in range(1, max(depth_of) + 1):
             clock = time.perf_counter()
@@ -201,11 +232,20 @@ class HeadsProposer:
                     medusa_logits = self.headset.heads.logits(states, self.vocab)  # [D, V_d]
                 level_logits = medusa_logits[level - 1][None].expand(len(parents), -1)  # [P, V_d], one row shared
                 shared = True
+            elif isinstance(self.headset.heads, CloverHeads):
+                assert self.embed is not None
+                heads = self.headset.heads
+                previous = torch.stack([h if n == -1 else clover_state[nodes[n].parent] for n in parent_nodes])
+                last = torch.tensor([tokens_of[n][-1] for n in parent_nodes])  # [P] each parent's own token
+                states = heads.step(previous, self.embed[last])  # [P, d]: one recurrence step per parent
+                clover_state.update(zip(parent_nodes, states))
+                level_logits = self.vocab.logits(heads.predict(level, states))  # [P, V_d]
+                shared = False
             else:
-                assert isinstance(self.headset.heads, HydraHeads) and self.embed is not None
+                assert self.embed is not None
                 paths = torch.tensor([tokens_of[n] for n in parent_nodes])  # [P, level]
-                u = torch.cat([h[None].expand(len(parents), -1), self.embed[paths].flatten(1)], dim=1)  # [P, (level+1) d]
-                level_logits = self.vocab.logits(self.headset.heads.head(level, u))  # [P, V_d]
+                level_logits = self.vocab.logits(self.headset.heads.path_state(
+                    level, h[None].expand(len(parents), -1), self.embed[paths]))  # [P, V_d]
                 shared = False
             probs = self._policy.probs(level_logits[:1].numpy() if shared else level_logits.numpy())  # [P or 1, V_d]
             sure = torch.softmax(level_logits, dim=-1) if self.config.confidence else None  # [P, V_d] raw head law

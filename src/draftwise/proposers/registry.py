@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from draftwise.proposers import draft_model, hydra, kangaroo, layer_skip, medusa, prompt_lookup
+from draftwise.proposers import clover, draft_model, hydra, hydra_plus, kangaroo, layer_skip, medusa, prompt_lookup
 from draftwise.proposers.family import DrafterRegistry
 from draftwise.proposers.retrieval import proposer as rest
 
@@ -12,6 +12,8 @@ DRAFTERS = DrafterRegistry([
     rest.FAMILY,
     medusa.FAMILY,
     hydra.FAMILY,
+    hydra_plus.FAMILY,
+    clover.FAMILY,
     layer_skip.FAMILY,
     kangaroo.FAMILY,
 ])

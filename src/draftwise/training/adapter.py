@@ -118,7 +118,7 @@ def evaluate(model, adapter: KangarooAdapter, rows, recipe: AdapterRecipe) -> di
 def train_adapter(model, stream: HiddenStream, recipe: AdapterRecipe, checkpoint_dir: Path
                   ) -> tuple[KangarooAdapter, dict]:
     """Train an adapter for `model` (the transformers target, frozen) on `stream`; resumable."""
-    from draftwise.training.train import _checkpoint, _resume  # the heads trainer's checkpoint format
+    from draftwise.training.train import resume_checkpoint, save_checkpoint  # the heads trainer's checkpoint format
 
     torch.manual_seed(recipe.seed)
     model.requires_grad_(False)
@@ -132,7 +132,7 @@ def train_adapter(model, stream: HiddenStream, recipe: AdapterRecipe, checkpoint
     early_exit = evaluate(model, adapter, val_rows, recipe)  # untrained: the final norm on layer l's state
     log.info("kangaroo: untrained adapter (early exit at layer %d): validation top-1 agreement %.3f",
              recipe.exit_layer, early_exit["top1_agreement"])
-    first_epoch = _resume(checkpoint_dir, recipe, adapter, optimizer, history)
+    first_epoch = resume_checkpoint(checkpoint_dir, recipe, adapter, optimizer, history)
     total = len(train_rows) * recipe.epochs
     started = time.perf_counter()
     for epoch in range(first_epoch, recipe.epochs):
@@ -161,7 +161,7 @@ def train_adapter(model, stream: HiddenStream, recipe: AdapterRecipe, checkpoint
         history.append({"epoch": epoch + 1, **metrics, "seconds": round(time.perf_counter() - started, 1)})
         log.info("kangaroo epoch %d: validation KD loss %.3f, top-1 agreement %.3f", epoch + 1, metrics["kd_loss"],
                  metrics["top1_agreement"])
-        _checkpoint(checkpoint_dir, recipe, adapter, optimizer, history, epoch + 1)
+        save_checkpoint(checkpoint_dir, recipe, adapter, optimizer, history, epoch + 1)
     adapter.eval().requires_grad_(False)
     return adapter, {"history": history, "validation": history[-1] if history else {}, "early_exit": early_exit,
                      "segments": {"train": len(train_rows), "validation": len(val_rows)}, "steps": total}

@@ -87,6 +87,14 @@ def hidden_stream(run: TrainingRun, target) -> tuple[HiddenStream, dict]:
     return stream, dict(stream.provenance)
 
 
+def losses_of(recipe: TrainRecipe) -> str:
+    hard = "L_ind (independent, per-depth CE)" if recipe.family == "medusa" else "L_hard"
+    parts = [f"{recipe.hard_weight:g} {hard}" if recipe.hard_weight else "",
+             f"{recipe.teacher_weight:g} L_teacher (target logits recomputed from the cached states)"
+             if recipe.teacher_weight else ""]
+    return " + ".join(p for p in parts if p)
+
+
 def run_training(run: TrainingRun) -> dict:
     """Train and write the artifact; returns the recorded metrics."""
     started = time.perf_counter()
@@ -108,8 +116,9 @@ def run_training(run: TrainingRun) -> dict:
                  "label_tokens": int(stream.labels.sum()), **{k: data[k] for k in
                                                              ("corpus", "source", "answers_by", "disjointness",
                                                               "prepare_seconds", "hidden_seconds") if k in data}},
-        "losses": "L_ind (independent, per-depth CE)" if arch.family == "medusa" else "L_hard (teacher forcing)",
-        "conditioning": "none" if arch.family == "medusa" else "teacher forcing",
+        "losses": losses_of(run.recipe),
+        "conditioning": "none" if not arch.dependent else {"teacher": "teacher forcing",
+                                                           "self": "self-conditioning"}[run.recipe.conditioning],
         "metrics": metrics,
     }
     save_heads(run.out, arch, heads, token_map, HeadTarget(target.info.checkpoint, target.info.tokenizer_hash),

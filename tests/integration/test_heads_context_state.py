@@ -1,0 +1,114 @@
+"""The context layer's proposal-side state (the Hydra++ prefix layer, Clover's augmenting
+block) follows the committed text exactly: after a generation with rejected rounds, and after
+the context is truncated and continued differently, the next proposal and the layer's KV equal
+those of a fresh run over the committed text; the layer's KV never holds a row the target did
+not commit; and the proposal does depend on the earlier rows (so equality is not vacuous)."""
+
+import numpy as np
+import pytest
+import torch
+
+from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.proposers.heads import HeadsConfig, HeadsProposer
+from draftwise.topology.templates import cartesian
+from draftwise.topology.tree_spec import TreeTemplate
+from draftwise.verify.registry import make_verifier
+from tests.integration.tiny_heads import random_headset
+from tests.integration.tiny_models import tiny_backend
+
+PROMPT = [1, 2, 3, 4]
+CONFIG = HeadsConfig(tree=TreeTemplate(cartesian([2, 2])))  # top-k children: a deterministic proposal
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+def proposal(proposer, context):
+    result = proposer.propose(context, "m")
+    return [(n.token, n.parent) for n in result.nodes]
+
+
+def commit_text(target, context):
+    """The target reads context[:-1] in one forward and commits it (context[-1] is the pending token)."""
+    target.reset()
+    target.verify(context[-2], None, unread=context[:-2])
+    target.commit([])
+
+
+def fresh(family, headset, context):
+    """A new target and proposer that read the committed text context[:-1] in one forward."""
+    target = tiny_backend(3)
+    proposer = HeadsProposer(family, target, headset, CONFIG)
+    commit_text(target, context)
+    return proposer, proposal(proposer, context)
+
+
+def same_state(a, b) -> bool:
+    return (a.prefix.kv.length == b.prefix.kv.length
+            and torch.allclose(a.prefix.kv.keys, b.prefix.kv.keys, atol=1e-5)
+            and torch.allclose(a.prefix.kv.values, b.prefix.kv.values, atol=1e-5)
+            and torch.allclose(a.prefix.outputs, b.prefix.outputs, atol=1e-5))
+
+
+@pytest.mark.parametrize("family", ["hydra++", "clover"])
+def test_after_rejected_rounds_the_next_proposal_equals_a_fresh_run(family):
+    target = tiny_backend(3)
+    headset = random_headset(family, target, seed=7, num_heads=2, draft_vocab=6, layers=2, prefix=True)
+    proposer = HeadsProposer(family, target, headset, CONFIG)
+    config = GenerationConfig(max_new_tokens=12)
+    result = SpeculativeDecoder(target, [proposer], make_verifier("greedy", [], config.policy), config).generate(PROMPT)
+    rejected = [r for r in result.records[1:] if r.nodes and r.accepted < r.proposal_depth]
+    assert rejected, "the test needs rounds whose drafts the target rejected"
+    context = PROMPT + list(result.tokens)
+    assert target.cached_len == len(context) - 1
+    after = proposal(proposer, context)
+    assert proposer.prefix.kv.length == target.cached_len  # committed rows only: no drafted row entered
+    other, expected = fresh(family, headset, context)
+    assert after and after == expected
+    assert same_state(proposer, other)
+
+
+@pytest.mark.parametrize("family", ["hydra++", "clover"])
+def test_a_truncated_and_continued_context_is_cropped_then_extended(family):
+    target = tiny_backend(3)
+    headset = random_headset(family, target, seed=8, num_heads=2, draft_vocab=6, layers=2, prefix=True)
+    proposer = HeadsProposer(family, target, headset, CONFIG)
+    long = PROMPT + [5, 6, 7, 0, 1, 2]
+    commit_text(target, long)
+    before = proposal(proposer, long)
+    # the same length, a different token at position 5: every row from 5 on must be recomputed
+    other = long[:5] + [0, 6, 7, 0, 1, 2]
+    target.truncate(5)
+    target.extend(other[5:-1])
+    got = proposal(proposer, other)
+    fresh_proposer, expected = fresh(family, headset, other)
+    assert got == expected and same_state(proposer, fresh_proposer)
+    # the frontier output depends on the earlier rows: the stale state would have been caught
+    assert not torch.allclose(proposer.prefix.outputs[-1], proposer_output(family, headset, long))
+    assert before  # both contexts produced proposals
+
+
+def proposer_output(family, headset, context):
+    proposer, _ = fresh(family, headset, context)
+    return proposer.prefix.outputs[-1]
+
+
+def test_context_hidden_rows_are_the_committed_rows_states():
+    """The backend's committed states equal a plain forward's final-norm rows, prompt included."""
+    target = tiny_backend(3)
+    target.track_context()
+    target.reset()
+    context = PROMPT + [5, 6]
+    commit_text(target, context)
+    rows = target.context_hidden(0)  # [cached_len, d]
+    with torch.inference_mode():
+        out = target.model(input_ids=torch.tensor([context[:-1]]), output_hidden_states=True)
+    assert rows.shape == (len(context) - 1, 16)
+    assert np.allclose(rows, out.hidden_states[-1][0].float().numpy(), atol=1e-5)
+    assert np.allclose(target.context_hidden(3), rows[3:])
+    target.truncate(2)
+    assert target.context_hidden(0).shape == (2, 16)
+    target.track_context(False)
+    assert target.context_hidden(0) is None
