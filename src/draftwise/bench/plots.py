@@ -130,6 +130,14 @@ def write_plots(summary: dict, root: Path) -> list[Path]:
     return [p for p in made if p is not None]
 
 
+def _short_kernels(kernels: str) -> str:
+    """A legend-sized form of `LlamaCppKernels.describe()` (every field kept: they tell sets apart)."""
+    for long, short in (("flash attention", "FA"), ("repacked weights", "repack"), ("decodes of >= ", ">="),
+                        (" row(s)", " rows"), ("rejected tree cells kept", "cells kept")):
+        kernels = kernels.replace(long, short)
+    return kernels
+
+
 def plot_invariance(probes: list, path: Path) -> Path:
     """Largest |logit difference| between verify rows and plain decoding's rows against the row
     count, one line per (probe, prefix length, shape); bit-identical cases sit on the floor line."""
@@ -141,7 +149,7 @@ def plot_invariance(probes: list, path: Path) -> Path:
                 cases = sorted((c for c in probe.cases if c.prefix_len == prefix and c.shape == shape), key=lambda c: c.rows)
                 if cases:
                     ax.plot([c.rows for c in cases], [max(c.max_abs_diff, floor) for c in cases], style, markersize=3,
-                            label=f"{probe.kernels.split(',')[0]}…, P={prefix}, {shape}" if len(probes) > 1
+                            label=f"{_short_kernels(probe.kernels)}, P={prefix}, {shape}" if len(probes) > 1
                             else f"prefix {prefix}, {shape}")
     ax.axhline(floor, color="grey", linewidth=0.8, linestyle=":")
     ax.set_yscale("log")
