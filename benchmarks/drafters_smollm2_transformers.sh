@@ -18,7 +18,7 @@ tf="backend=transformers"
   --method lookup-gate=dw:proposer=prompt-lookup,$tf,gate=auto \
   --method medusa=dw:proposer=medusa,$tf \
   --method hydra=dw:proposer=hydra,$tf \
-  --method hydra++=dw:proposer=hydra++,$tf \
+  --method hydra-pp=dw:proposer=hydra++,$tf \
   --method clover=dw:proposer=clover,$tf \
   --method layer-skip=dw:proposer=layer-skip,$tf,skip=every-other \
   --method kangaroo=dw:proposer=kangaroo,$tf \
