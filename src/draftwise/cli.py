@@ -25,6 +25,7 @@ from draftwise.sampling import SamplingPolicy
 from draftwise.spec import CALIBRATION_WORKLOAD, DecoderSpec, spec_from_options
 from draftwise.text_stream import TextStream
 from draftwise.verify.registry import VERIFIERS
+from draftwise.cli_common import dim as _dim, fail as _fail
 
 app = typer.Typer(help="Exact speculative decoding, chosen by measured time per committed token.", no_args_is_help=True)
 models_app = typer.Typer(help="Embedded model aliases: list, pull, verify.", no_args_is_help=True)
@@ -42,13 +43,6 @@ def _quiet_llama_cpp() -> None:
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
 
 
-def _dim(message: str) -> None:
-    err.print(message, style="dim", markup=False, highlight=False)
-
-
-def _fail(message: str) -> None:
-    err.print(f"[bold red]error:[/] {message}")
-    raise typer.Exit(2)
 
 
 def _int_list(text: str, flag: str) -> tuple[int, ...]:

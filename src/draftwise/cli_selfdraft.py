@@ -13,28 +13,13 @@ from rich.console import Console
 from draftwise.errors import DraftwiseError, InputError
 from draftwise.logs import progress_to
 from draftwise.options import config_keys, parse_config
+from draftwise.cli_common import dim as _dim, fail as _fail, split_settings as _split
 
 skip_app = typer.Typer(help="Draft & Verify skip sets: search, info.", no_args_is_help=True)
 err = Console(stderr=True)
 
 
-def _fail(message: str) -> None:
-    err.print(f"[bold red]error:[/] {message}")
-    raise typer.Exit(2)
 
-
-def _split(settings: list[str]) -> dict[str, str]:
-    values: dict[str, str] = {}
-    for item in settings:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise InputError(f"--set {item!r}: expected KEY=VALUE")
-        values[key.strip()] = value.strip()
-    return values
-
-
-def _dim(line: str) -> None:
-    err.print(line, style="dim", markup=False, highlight=False)
 
 
 @skip_app.command()

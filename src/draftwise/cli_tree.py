@@ -22,14 +22,11 @@ from draftwise.logs import progress_to
 from draftwise.optimize.calibrate import calibrated_families, calibration_spec
 from draftwise.sampling import SamplingPolicy
 from draftwise.spec import DecoderSpec
+from draftwise.cli_common import fail as _fail
 
 tree_app = typer.Typer(help="Hardware-aware trees: optimize a draft tree from measured artifacts.", no_args_is_help=True)
 err = Console(stderr=True)
 
-
-def _fail(message: str) -> None:
-    err.print(f"[bold red]error:[/] {message}")
-    raise typer.Exit(2)
 
 
 def calibrate(
