@@ -30,3 +30,14 @@ def split_settings(settings: list[str]) -> dict[str, str]:
             raise InputError(f"--set {item!r}: expected KEY=VALUE")
         values[key.strip()] = value.strip()
     return values
+
+
+def split_training_settings(settings: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """A training command's `--set` options: (the recipe's keys, the corpus recipe's keys)."""
+    from draftwise.options import config_keys
+    from draftwise.training.corpus import CorpusRecipe
+
+    values = split_settings(settings)
+    corpus_keys = set(config_keys(CorpusRecipe))
+    return ({k: v for k, v in values.items() if k not in corpus_keys},
+            {k: v for k, v in values.items() if k in corpus_keys})

@@ -12,8 +12,8 @@ from rich.console import Console
 
 from draftwise.errors import DraftwiseError, InputError
 from draftwise.logs import progress_to
-from draftwise.options import config_keys, parse_config
-from draftwise.cli_common import fail as _fail, split_settings as _split
+from draftwise.options import parse_config
+from draftwise.cli_common import fail as _fail, split_training_settings
 
 heads_app = typer.Typer(help="Draft heads (Medusa, Hydra, Hydra++, Clover): train, info, import, export.",
                         no_args_is_help=True)
@@ -42,17 +42,16 @@ def train(
     from draftwise.training.train import PRESETS, TrainRecipe
 
     try:
-        values = _split(settings)
-        corpus_keys = set(config_keys(CorpusRecipe))
+        own, corpus_values = split_training_settings(settings)
         recipe_values = {"family": family}
         if preset is not None:
             if preset not in PRESETS:
                 raise InputError(f"unknown preset {preset!r}; choose {', '.join(PRESETS)}")
             recipe_values.update({k if k != "num_heads" else "heads": str(v) for k, v in PRESETS[preset].items()})
             recipe_values["family"] = family
-        recipe_values.update({k: v for k, v in values.items() if k not in corpus_keys})
+        recipe_values.update(own)
         recipe = parse_config(TrainRecipe, recipe_values, "heads train")
-        corpus = parse_config(CorpusRecipe, {k: v for k, v in values.items() if k in corpus_keys}, "heads train corpus")
+        corpus = parse_config(CorpusRecipe, corpus_values, "heads train corpus")
         if threads:
             import torch
 

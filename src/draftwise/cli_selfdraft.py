@@ -13,7 +13,7 @@ from rich.console import Console
 from draftwise.errors import DraftwiseError, InputError
 from draftwise.logs import progress_to
 from draftwise.options import config_keys, parse_config
-from draftwise.cli_common import dim as _dim, fail as _fail, split_settings as _split
+from draftwise.cli_common import dim as _dim, fail as _fail, split_settings as _split, split_training_settings
 
 skip_app = typer.Typer(help="Draft & Verify skip sets: search, info.", no_args_is_help=True)
 err = Console(stderr=True)
@@ -96,10 +96,9 @@ def adapter_train(
     from draftwise.training.corpus import CorpusRecipe
 
     try:
-        values = _split(settings)
-        corpus_keys = set(config_keys(CorpusRecipe))
-        recipe = parse_config(AdapterRecipe, {k: v for k, v in values.items() if k not in corpus_keys}, "adapter train")
-        corpus = parse_config(CorpusRecipe, {k: v for k, v in values.items() if k in corpus_keys}, "adapter train corpus")
+        own, corpus_values = split_training_settings(settings)
+        recipe = parse_config(AdapterRecipe, own, "adapter train")
+        corpus = parse_config(CorpusRecipe, corpus_values, "adapter train corpus")
         if threads:
             import torch
 
