@@ -77,19 +77,20 @@ def reference_row(target, adapter, tokens) -> torch.Tensor:
 
 
 def test_incremental_drafting_equals_the_adapter_over_each_whole_sequence():
+    # cached vs whole-sequence attention sums in another order: ~1e-5 apart on some CPUs; a wrong row is O(1) off
     target = deep_tiny()
     adapter = random_adapter(target)
     draft = LayerSkipBackend(target, SkipSet.shallow(4, EXIT), exit=adapter, label="kangaroo")
     draft.reset()
     torch.testing.assert_close(draft.extend(PREFIX[:-2]).logits[0], reference_row(target, adapter, PREFIX[:-2]),
-                               atol=1e-5, rtol=0)
+                               atol=1e-4, rtol=0)
     draft.extend(PREFIX[-2:-1])  # one more committed row, one token at a time
     round_ = compile_round(len(PREFIX), [result_from_paths(TREE)])
     rows = draft.verify(PREFIX[-1], round_).logits
-    torch.testing.assert_close(rows[0], reference_row(target, adapter, PREFIX), atol=1e-5, rtol=0)
+    torch.testing.assert_close(rows[0], reference_row(target, adapter, PREFIX), atol=1e-4, rtol=0)
     for r in range(round_.n):
         want = reference_row(target, adapter, PREFIX + list(round_.path_tokens(r)))
-        torch.testing.assert_close(rows[r + 1], want, atol=1e-5, rtol=0)
+        torch.testing.assert_close(rows[r + 1], want, atol=1e-4, rtol=0)
     # the adapter's cache slot comes after the target's layers, and only the shallow layers hold rows
     held = [i for i, layer in enumerate(draft._cache.layers) if layer.is_initialized]
     assert held == [0, 1, 4]

@@ -329,7 +329,8 @@ def test_round_trip_through_vllm_gives_identical_logits(tmp_path, h, draft_vocab
     if draft_vocab < V:
         assert torch.equal(shared.token_map, original.token_map)
     assert torch.equal(_imported_logits(tmp_path / "shared", h, weights), want)
-    assert torch.equal(_imported_logits(tmp_path / "own", h, weights), want)
+    # the heads' own LM heads hold the target's rows, but a per-head matmul need not round like the shared one
+    _close(_imported_logits(tmp_path / "own", h, weights), want)
 
 
 def test_export_of_imported_own_heads_round_trips(tmp_path, h):
