@@ -197,6 +197,8 @@ def auto_head_tree(
     from draftwise.heads.defaults import default_heads
 
     drafter = spec.drafter
+    if drafter.config.tree_nodes is not None:
+        config = replace(config, max_nodes=drafter.config.tree_nodes)
     heads_dir = Path(drafter.config.heads) if drafter.config.heads else default_heads(drafter.family.name,
                                                                                    target.info.checkpoint)
     heads_manifest = read_manifest(heads_dir, kind=HEADS_KIND)
@@ -206,11 +208,13 @@ def auto_head_tree(
            "family": drafter.family.name, "heads": heads_manifest.hash, "backend": target.info.name,
            "dtype": target.info.dtype, "threads": getattr(target, "n_threads", None), "policy": policy.as_dict(),
            "calibration_prompts": calibration_hash(calibration_prompts), "compiler": COMPILER_VERSION,
-           "config": config.__dict__}
+           "config": {k: v for k, v in config.__dict__.items() if k != "max_nodes"}}
+    # the acceptance does not depend on the node budget: one calibration serves every budget,
+    # each budget keeps its own tree
     root = Path(cache_root) / "heads" / stable_hash(key)[:20]
-    profile_dir, acceptance_dir, tree_dir = root / "profile", root / "acceptance", root / "tree"
-    ensure_profile(target, profile_dir, tuple(range(1, config.max_nodes + 1)), config.profile_prefix_len,
-                   config.profile_repeats)
+    profile_dir, acceptance_dir, tree_dir = root / "profile", root / "acceptance", root / f"tree-n{config.max_nodes}"
+    ensure_profile(target, profile_dir, tuple(range(1, max(config.max_nodes, AutoTreeConfig.max_nodes) + 1)),
+                   config.profile_prefix_len, config.profile_repeats)
     if not artifact_matches(acceptance_dir, "acceptance",
                             lambda p: p.get("policy") == policy.as_dict() and p.get("target") == target.info.checkpoint
                             and p.get("workload_hash") == key["calibration_prompts"]):

@@ -49,7 +49,7 @@ from draftwise.proposers.family import CandidateShape, DrafterFamily, DrafterRes
 from draftwise.proposers.prefix_state import PrefixState
 from draftwise.sampling import SamplingPolicy, sample
 from draftwise.topology.templates import Template, chain, comb, max_depth, num_children, slots_by_parent
-from draftwise.topology.tree_spec import TreeSpec, TreeTemplate, parse_tree, resolved_template, show_tree
+from draftwise.topology.tree_spec import AutoTree, TreeSpec, TreeTemplate, parse_tree, resolved_template, show_tree
 from draftwise.verify.sequoia import without_replacement_q
 
 RELATIONS = (SamplingRelation.BEAM, SamplingRelation.IID, SamplingRelation.WITHOUT_REPLACEMENT)
@@ -68,7 +68,20 @@ class HeadsConfig:
     confidence: float = option(0.0, help="drop top-k candidates whose head probability is below this (sampled "
                                          "children: stop expanding below them); 0 keeps the whole tree")
 
+    # a budget for the auto tree, so trees of several sizes can be compared on one calibration
+    tree_nodes: int | None = option(None, help="largest tree tree=auto considers, root included (default: the "
+                                               "auto tree's own limit)")
+
     def __post_init__(self) -> None:
+        if self.tree_nodes is not None:
+            if self.tree_nodes < 2:
+                raise InputError(f"tree_nodes must be at least 2 (the root and one draft), got {self.tree_nodes}")
+            if not isinstance(self.tree, (AutoTree, TreeTemplate)):
+                raise InputError("tree_nodes bounds tree=auto; pass tree=auto or drop tree_nodes")
+            # an auto tree resolved under the budget keeps it, as a record and a check
+            if isinstance(self.tree, TreeTemplate) and len(self.tree.paths) + 1 > self.tree_nodes:
+                raise InputError(f"the tree has {len(self.tree.paths) + 1} nodes, more than tree_nodes="
+                                 f"{self.tree_nodes}")
         if self.relation not in RELATIONS:
             raise InputError(f"head children are {', '.join(r.value for r in RELATIONS)}, not {self.relation.value}")
         if not 0.0 <= self.confidence < 1.0:

@@ -1,0 +1,53 @@
+"""The head-family comparison read from bench summaries: families and budgets recognized from
+the method configs, goal ratios at equal budgets, plots written."""
+
+import json
+
+from draftwise.bench.heads_report import goal_lines, read_run, write_comparison
+
+
+def method(config, ms, speedup, accepted, head_ms, plain=False):
+    overall = {"questions": 3, "ms_per_token": ms, "speedup": speedup, "mean_accepted": accepted,
+               "acceptance_by_depth": [0.5, 0.25], "propose_ms_per_round": head_ms, "rows_verified_mean": 4.0,
+               "mismatches": 0}
+    return {"config": config, "backend": "transformers", "plain": plain, "overall": overall}
+
+
+def summary(tmp_path):
+    methods = {
+        "plain": method("dw: proposer=none, backend=transformers", 50.0, 1.0, 0.0, 0.0, plain=True),
+        "lookup-gate": method("dw: proposer=prompt-lookup, gate=auto", 40.0, 1.25, 0.6, 0.1),
+        "medusa-n8": method("dw: proposer=medusa, tree=auto, tree_nodes=8", 48.0, 1.04, 0.40, 1.0),
+        "hydra-n8": method("dw: proposer=hydra, tree=auto, tree_nodes=8", 45.0, 1.11, 0.50, 2.0),
+        "hydrapp-n8": method("dw: proposer=hydra++, tree=auto, tree_nodes=8", 44.0, 1.14, 0.60, 3.0),
+        "clover-n8": method("dw: proposer=clover, tree=auto, tree_nodes=8", 38.0, 1.32, 0.55, 1.5),
+        "clover-n4": method("dw: proposer=clover, tree=auto, tree_nodes=4", 41.0, 1.22, 0.45, 1.2),
+        "not-run": {"config": "dw: proposer=hydra, tree_nodes=16", "plain": False, "overall": {"questions": 0}},
+    }
+    body = {"settings": {"temperature": 1.0, "target": "tiny"}, "methods": methods}
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "summary.json").write_text(json.dumps(body))
+    return tmp_path
+
+
+def test_families_budgets_and_goals_are_read_from_the_summary(tmp_path):
+    run = read_run(summary(tmp_path))
+    assert [(r.family, r.nodes) for r in run.rows] == [("medusa", 8), ("hydra", 8), ("hydra++", 8),
+                                                      ("clover", 4), ("clover", 8)]
+    assert run.plain_ms_per_token == 50.0 and run.lookup_speedup == 1.25 and run.backend == "transformers"
+    goals = goal_lines(run)
+    n8 = next(g for g in goals if g.startswith("n=8:"))
+    assert "Hydra++/Hydra accepted 1.20x" in n8
+    assert "Clover accepted 0.55 vs Hydra 0.50" in n8 and "at head cost 1.50 vs Hydra++ 3.00" in n8
+    assert "fastest family clover is 1.26x Medusa's" in n8
+    assert goals[-1].startswith("overall fastest: clover-n8, 1.32x plain")
+    assert not any(g.startswith("n=4:") and "Hydra++" in g for g in goals)  # no equal-budget pair at n=4
+
+
+def test_the_comparison_writes_a_table_and_two_plots_per_run(tmp_path):
+    run = read_run(summary(tmp_path / "run"))
+    page = write_comparison([run], tmp_path / "out")
+    text = page.read_text()
+    assert "| clover | 8 | 38.0 | 1.32 | 0.55 | 0.50 / 0.25 | 1.50 | 4.0 | 0 |" in text
+    assert (tmp_path / "out" / "accepted_vs_head_cost_transformers_t1.png").stat().st_size > 1000
+    assert (tmp_path / "out" / "speedup_vs_tree_size_transformers_t1.png").stat().st_size > 1000
