@@ -40,3 +40,19 @@ def spec_bench_prompts():
         if row["turns"][0] not in picked:
             picked.append(row["turns"][0])
     return picked[:10]
+
+
+GREEDY_NEW = 16  # new tokens per prompt in the real-model greedy-identity tests: 10 prompts x 16 tokens
+
+
+@pytest.fixture(scope="session")
+def smol_chat_and_plain(smol_target, spec_bench_prompts):
+    """(chat prompt, plain greedy answer of GREEDY_NEW tokens) for each of `spec_bench_prompts`
+    on the transformers target, decoded once for every greedy-identity test."""
+    from draftwise.build import build_decoder
+    from draftwise.engine import GenerationConfig
+    from tests.helpers import make_spec
+
+    plain = build_decoder(make_spec(GenerationConfig(max_new_tokens=GREEDY_NEW), proposer="none"), smol_target)
+    prompts = [smol_target.chat_prompt([{"role": "user", "content": q}]) for q in spec_bench_prompts]
+    return [(p, plain.generate(p).tokens) for p in prompts]

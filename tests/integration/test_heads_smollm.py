@@ -7,33 +7,29 @@ leaves the output untouched, and the shipped sets add that accepted drafts do to
 
 import pytest
 
-from draftwise.build import build_decoder, load_backend
-from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.build import build_decoder
+from draftwise.engine import GenerationConfig
 from draftwise.heads.artifact import load_heads
 from draftwise.heads.defaults import shipped_heads
-from draftwise.verify.registry import make_verifier
-from draftwise.workloads import first_turn_prompts
 from tests.helpers import make_spec
+from tests.integration.conftest import GREEDY_NEW
 from tests.integration.tiny_heads import random_headset, save_headset
 
 pytestmark = pytest.mark.model
-NEW = 24
-CONFIG = GenerationConfig(max_new_tokens=NEW)
+CONFIG = GenerationConfig(max_new_tokens=GREEDY_NEW)
 TREE = "wbd:2,1"  # two branches two deep (a random set has two heads: a round verifies 1 + 4 rows)
 TREE_PROMPTS = 4  # the tree on the first prompts only: a round costs more rows, the law is the same
 
 
 @pytest.fixture(scope="module")
-def target():
-    return load_backend("smollm2-135m", "transformers")
+def target(smol_target):
+    return smol_target
 
 
 @pytest.fixture(scope="module")
-def prompts_and_plain(target):
-    prompts = first_turn_prompts(target.chat_prompt, "spec-bench:10")
-    assert len(prompts) == 10
-    decoder = SpeculativeDecoder(target, [], make_verifier("greedy", [], CONFIG.policy), CONFIG)
-    return prompts, [decoder.generate(p).tokens for p in prompts]
+def prompts_and_plain(smol_chat_and_plain):
+    assert len(smol_chat_and_plain) == 10
+    return [p for p, _ in smol_chat_and_plain], [t for _, t in smol_chat_and_plain]
 
 
 FAMILIES = ["medusa", "hydra", "hydra++", "clover"]

@@ -35,6 +35,7 @@ from tests.helpers import make_spec, result_from_paths
 from tests.integration.test_layer_skip_backend import PREFIX, TREE, deep_tiny, rows_of
 from tests.integration.test_layer_skip_exact import counts_of
 from tests.integration.tiny_heads import exact_law, law_p_value
+from tests.integration.conftest import GREEDY_NEW
 
 EXIT = 2
 
@@ -153,18 +154,16 @@ def test_greedy_kangaroo_emits_what_plain_decoding_emits_tiny(tmp_path, tree):
 
 
 @pytest.mark.model
-def test_greedy_kangaroo_with_the_shipped_adapter_is_plain_decoding_on_smollm2(smol_target, spec_bench_prompts):
-    config = GenerationConfig(max_new_tokens=24)
-    plain = build_decoder(make_spec(config, proposer="none"), smol_target)
+def test_greedy_kangaroo_with_the_shipped_adapter_is_plain_decoding_on_smollm2(smol_target, smol_chat_and_plain):
+    config = GenerationConfig(max_new_tokens=GREEDY_NEW)
     decoder = build_decoder(make_spec(config, proposer="kangaroo", verifier="greedy"), smol_target)
     accepted = rejected = 0
-    for question in spec_bench_prompts:
-        prompt = smol_target.chat_prompt([{"role": "user", "content": question}])
+    for prompt, plain in smol_chat_and_plain:
         result = decoder.generate(prompt)
-        assert result.tokens == plain.generate(prompt).tokens, question[:60]
+        assert result.tokens == plain
         accepted += sum(r.accepted for r in result.records)
         rejected += sum(r.nodes > r.accepted for r in result.records)
-    assert len(spec_bench_prompts) >= 10 and accepted > 0 and rejected > 0
+    assert len(smol_chat_and_plain) >= 10 and accepted > 0 and rejected > 0
 
 
 def test_a_qwen2_adapter_drafts_incrementally_as_over_whole_sequences():

@@ -25,6 +25,7 @@ from draftwise.topology.tree_spec import TreeTemplate
 from tests.helpers import make_spec
 from tests.integration.test_layer_skip_backend import deep_tiny
 from tests.integration.tiny_heads import exact_law, law_p_value
+from tests.integration.conftest import GREEDY_NEW
 
 POLICY = SamplingPolicy(temperature=1.0)
 PROMPT = [1, 2, 3]
@@ -120,15 +121,13 @@ SMOL_SKIP = "bits:" + "".join("01" if 20 <= i < 29 else "00" for i in range(30))
 
 
 @pytest.mark.model
-def test_greedy_layer_skip_is_plain_decoding_on_smollm2(smol_target, spec_bench_prompts):
-    config = GenerationConfig(max_new_tokens=24)
-    plain = build_decoder(make_spec(config, proposer="none"), smol_target)
+def test_greedy_layer_skip_is_plain_decoding_on_smollm2(smol_target, smol_chat_and_plain):
+    config = GenerationConfig(max_new_tokens=GREEDY_NEW)
     decoder = build_decoder(make_spec(config, proposer="layer-skip", skip=SMOL_SKIP, verifier="greedy"), smol_target)
     accepted = rejected = 0
-    for question in spec_bench_prompts:
-        prompt = smol_target.chat_prompt([{"role": "user", "content": question}])
+    for prompt, plain in smol_chat_and_plain:
         result = decoder.generate(prompt)
-        assert result.tokens == plain.generate(prompt).tokens, question[:60]
+        assert result.tokens == plain
         accepted += sum(r.accepted for r in result.records)
         rejected += sum(r.nodes > r.accepted for r in result.records)
-    assert len(spec_bench_prompts) >= 10 and accepted > 0 and rejected > 0
+    assert len(smol_chat_and_plain) >= 10 and accepted > 0 and rejected > 0

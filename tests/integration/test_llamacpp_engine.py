@@ -27,7 +27,7 @@ from draftwise.verify.greedy import GreedyVerifier  # noqa: E402
 from tests.integration.llamacpp_ties import assert_matches_plain  # noqa: E402
 
 pytestmark = [pytest.mark.model, pytest.mark.llamacpp]
-NEW = 32
+NEW = 24
 CONFIG = GenerationConfig(max_new_tokens=NEW)
 
 

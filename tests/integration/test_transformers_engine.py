@@ -10,7 +10,7 @@ from draftwise.verify.registry import make_verifier
 from draftwise.topology.tree_spec import TreeTemplate
 
 pytestmark = pytest.mark.model
-NEW = 32
+NEW = 24
 CONFIG = GenerationConfig(max_new_tokens=NEW)
 
 

@@ -21,7 +21,8 @@ def summary(tmp_path):
         "hydra-n8": method("dw: proposer=hydra, tree=auto, tree_nodes=8", 45.0, 1.11, 0.50, 2.0),
         "hydrapp-n8": method("dw: proposer=hydra++, tree=auto, tree_nodes=8", 44.0, 1.14, 0.60, 3.0),
         "clover-n8": method("dw: proposer=clover, tree=auto, tree_nodes=8", 38.0, 1.32, 0.55, 1.5),
-        "clover-n4": method("dw: proposer=clover, tree=auto, tree_nodes=4", 41.0, 1.22, 0.45, 1.2),
+        "clover-n4": method("dw: proposer=clover, tree=[[0], [1], [0, 0]], relation=beam", 41.0, 1.22, 0.45, 1.2),
+        "clover-n5": method("dw: proposer=clover, tree=chain:4, relation=beam", 42.0, 1.19, 0.40, 1.1),
         "not-run": {"config": "dw: proposer=hydra, tree_nodes=16", "plain": False, "overall": {"questions": 0}},
     }
     body = {"settings": {"temperature": 1.0, "target": "tiny"}, "methods": methods}
@@ -33,7 +34,8 @@ def summary(tmp_path):
 def test_families_budgets_and_goals_are_read_from_the_summary(tmp_path):
     run = read_run(summary(tmp_path))
     assert [(r.family, r.nodes) for r in run.rows] == [("medusa", 8), ("hydra", 8), ("hydra++", 8),
-                                                      ("clover", 4), ("clover", 8)]
+                                                      ("clover", 4), ("clover", 5),
+                                                      ("clover", 8)]
     assert run.plain_ms_per_token == 50.0 and run.lookup_speedup == 1.25 and run.backend == "transformers"
     goals = goal_lines(run)
     n8 = next(g for g in goals if g.startswith("n=8:"))

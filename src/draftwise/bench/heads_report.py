@@ -1,7 +1,8 @@
 """The head families side by side (issue 28's comparison), from `draftwise bench` runs whose
 methods are head families under `tree=auto` with node budgets (`tree_nodes=N`).
 
-Per run (one backend, one temperature) it tabulates each family at each budget: time per
+Per run (one backend, one temperature) it tabulates each family at each budget (`tree_nodes=N`
+or a fixed tree's size): time per
 committed token, speedup over the run's plain decoding, mean accepted length, acceptance by
 depth, head cost per round and rows verified; then the issue's goal ratios, each at the same
 budget; and two plots: mean accepted length against head cost per round, and speedup
@@ -23,6 +24,18 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 FAMILIES = ("medusa", "hydra", "hydra++", "clover")
 _PROPOSER = re.compile(r"proposer=([\w+-]+)")
 _NODES = re.compile(r"tree_nodes=(\d+)")
+_PATHS = re.compile(r"tree=(\[\[.*?\]\])")
+_CHAIN = re.compile(r"tree=chain:(\d+)")
+
+
+def tree_nodes(config: str) -> int | None:
+    """The tree's node budget, root included: a tree=auto budget, or the size of a fixed tree."""
+    for pattern, nodes in ((_NODES, int), (_PATHS, lambda t: len(json.loads(t)) + 1),
+                           (_CHAIN, lambda k: int(k) + 1)):
+        found = pattern.search(config)
+        if found:
+            return nodes(found.group(1))
+    return None
 
 
 @dataclass(frozen=True)
@@ -72,8 +85,10 @@ def read_run(directory: Path) -> Run:
             if proposer is not None and proposer.group(1) == "prompt-lookup":
                 lookup = overall["speedup"]
             continue
-        nodes = _NODES.search(method["config"])
-        rows.append(HeadRow(name, proposer.group(1), int(nodes.group(1)) if nodes else 16, overall["ms_per_token"],
+        nodes = tree_nodes(method["config"])
+        if nodes is None:  # an auto tree at its default budget, or a chain through every head
+            continue
+        rows.append(HeadRow(name, proposer.group(1), nodes, overall["ms_per_token"],
                             overall["speedup"], overall["mean_accepted"], tuple(overall["acceptance_by_depth"]),
                             overall["propose_ms_per_round"], overall["rows_verified_mean"], overall["mismatches"]))
     return Run(Path(directory), backend, float(settings["temperature"]), settings["target"], plain, lookup,

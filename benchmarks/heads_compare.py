@@ -1,0 +1,13 @@
+"""Issue 28's comparison page from `heads_compare.sh` runs:
+    .venv/bin/python benchmarks/heads_compare.py RUN_DIR [RUN_DIR ...] --out benchmarks/heads_compare"""
+
+import argparse
+from pathlib import Path
+
+from draftwise.bench.heads_report import read_run, write_comparison
+
+parser = argparse.ArgumentParser(description=__doc__)
+parser.add_argument("runs", nargs="+", type=Path)
+parser.add_argument("--out", type=Path, default=Path("benchmarks/heads_compare"))
+args = parser.parse_args()
+print(write_comparison([read_run(r) for r in args.runs], args.out))
