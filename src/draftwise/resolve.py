@@ -3,7 +3,7 @@
 Four things may be left to measurement: the proposer (`AutoDrafter`: replay every candidate
 on plain traces), a draft tree (`AutoTree`: calibrate, profile and optimize, cached), Kangaroo's
 early exit and exit layer (`eta=auto`, `adapter=auto`: decode each candidate and time it,
-cached), and the cost gate (`AutoGate`: the target's verify profile, cached).  A fourth, the transformers
+cached), and the cost gate (`AutoGate`: the target's verify profile, cached).  A fifth, the transformers
 dtype, is measured by the loader (it decides which weights to load) and only recorded here.  A tree artifact is read here
 too, so that `build` only ever sees templates.  `check` refuses before any model is loaded
 what `resolve` could not settle afterwards.  This module plans, so it sits above

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from draftwise.artifacts import ArtifactError, read_manifest, staged_artifact, stable_hash, write_manifest
+from draftwise.artifacts import read_manifest, staged_artifact, stable_hash, write_manifest
 from draftwise.backends.base import Backend
 from draftwise.backends.transformers import TransformersBackend
-from draftwise.errors import BackendError
+from draftwise.errors import ArtifactError, BackendError
 from draftwise.optimize.calibrate import calibration_hash
 from draftwise.optimize.kangaroo_tune import ETA_GRID, Measure, tune_kangaroo
 from draftwise.optimize.skip_search import seconds_per_token
