@@ -137,7 +137,8 @@ def adapter_info(directory: Path = typer.Argument(..., help="a Kangaroo adapter 
 def adapter_tune(
     adapters: List[Path] = typer.Option(..., "--adapter", help="an adapter per exit layer to compare (repeatable)"),
     target: str = typer.Option("smollm2-135m", "--target", help="target model (the transformers backend loads it)"),
-    etas: str = typer.Option("0.2,0.4,0.6,0.8", "--etas", help="early-exit thresholds to measure"),
+    etas: Optional[str] = typer.Option(None, "--etas", help="early-exit thresholds to measure, comma-separated "
+                                                             "(default: the grid that eta=auto measures)"),
     prompts: str = typer.Option("spec-bench:all:6", "--prompts", help="development workload (disjoint from the "
                                                                        "evaluation's)"),
     max_new_tokens: int = typer.Option(48, "--max-new-tokens"),
@@ -145,12 +146,12 @@ def adapter_tune(
 ) -> None:
     """Choose the exit layer (adapter) and eta by measured seconds per committed token."""
     from draftwise.build import load_backend
-    from draftwise.optimize.kangaroo_tune import tune_kangaroo
+    from draftwise.optimize.kangaroo_tune import ETA_GRID, tune_kangaroo
     from draftwise.workloads import first_turn_prompts
 
     try:
         try:
-            grid = [float(e) for e in etas.split(",") if e.strip()]
+            grid = list(ETA_GRID) if etas is None else [float(e) for e in etas.split(",") if e.strip()]
         except ValueError as exc:
             raise InputError(f"--etas {etas!r}: expected comma-separated numbers") from exc
         with progress_to(_dim):

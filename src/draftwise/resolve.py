@@ -1,8 +1,9 @@
 """Every `auto` of a spec turned into a concrete, recorded choice.
 
-Three things may be left to measurement: the proposer (`AutoDrafter`: replay every candidate
-on plain traces), a draft tree (`AutoTree`: calibrate, profile and optimize, cached), and the
-cost gate (`AutoGate`: the target's verify profile, cached).  A fourth, the transformers
+Four things may be left to measurement: the proposer (`AutoDrafter`: replay every candidate
+on plain traces), a draft tree (`AutoTree`: calibrate, profile and optimize, cached), Kangaroo's
+early exit and exit layer (`eta=auto`, `adapter=auto`: decode each candidate and time it,
+cached), and the cost gate (`AutoGate`: the target's verify profile, cached).  A fifth, the transformers
 dtype, is measured by the loader (it decides which weights to load) and only recorded here.  A tree artifact is read here
 too, so that `build` only ever sees templates.  `check` refuses before any model is loaded
 what `resolve` could not settle afterwards.  This module plans, so it sits above
@@ -15,15 +16,20 @@ import logging
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
 
 from draftwise.backends.base import Backend
 from draftwise.build import preflight
 from draftwise.errors import InputError
 from draftwise.models import cache_dir
+from draftwise.proposers.kangaroo import AutoAdapter, AutoEta, KangarooConfig
 from draftwise.spec import CALIBRATION_WORKLOAD, AutoDrafter, AutoGate, DecoderSpec, DrafterSpec, GateProfile
 from draftwise.topology.templates import from_paths
 from draftwise.topology.tree_spec import AutoTree, TreeArtifact, TreeTemplate
 from draftwise.workloads import first_turn_prompts
+
+if TYPE_CHECKING:
+    from draftwise.optimize.kangaroo_tune import Measure
 
 log = logging.getLogger(__name__)  # progress lines (the CLI shows INFO)
 
@@ -31,7 +37,7 @@ log = logging.getLogger(__name__)  # progress lines (the CLI shows INFO)
 class Choice:
     """One `auto` settled: what was asked, what was chosen, and the evidence (table or artifact)."""
 
-    what: str  # "proposer", "tree", "gate" or "dtype"
+    what: str  # "proposer", "tree", "adapter", "eta", "gate" or "dtype"
     chosen: str
     detail: str = ""
 
@@ -98,6 +104,9 @@ def resolve(spec: DecoderSpec, target: Backend, draft: Backend | None = None,
         spec = _resolve_auto_tree(spec, target, draft, first_turn_prompts(target.chat_prompt, calibration), root, choices)
     elif isinstance(tree, TreeArtifact):
         spec = _with_template(spec, read_tree_artifact(tree, spec))
+    if isinstance(spec.family_config, KangarooConfig) and spec.family_config.unresolved:
+        spec, settled = resolve_kangaroo(spec, target, first_turn_prompts(target.chat_prompt, calibration), root)
+        choices.extend(settled)
     if isinstance(spec.gate, AutoGate):
         spec = replace(spec, gate=GateProfile(_measure_gate(spec, target, root)))
         choices.append(Choice("gate", str(spec.gate), "verify profile measured on first use, cached"))
@@ -153,6 +162,35 @@ def _resolve_auto_tree(spec: DecoderSpec, target: Backend, draft: Backend | None
     choices.append(Choice("tree", str(artifact.directory), f"n={picked.n} d={picked.d}, "
                                                            f"predicted speedup {picked.speedup:.3f}"))
     return _with_template(spec, TreeTemplate(from_paths(picked.paths)))
+
+
+def resolve_kangaroo(spec: DecoderSpec, target: Backend, prompts: Sequence[Sequence[int]], root: Path,
+                     measure: Measure | None = None) -> tuple[DecoderSpec, tuple[Choice, ...]]:
+    """Kangaroo's `eta=auto` / `adapter=auto` settled by measured time per committed token on
+    `prompts` (cached under `root`), and the choices made; plain decoding when it measured faster
+    than every candidate.  `measure`: how a candidate is timed (default: by decoding it)."""
+    from draftwise.optimize.kangaroo_auto import auto_kangaroo
+    from draftwise.optimize.skip_search import seconds_per_token
+
+    config = spec.family_config
+    assert isinstance(spec.drafter, DrafterSpec) and isinstance(config, KangarooConfig)
+    picked = auto_kangaroo(target, config, spec.generation.policy, spec.verifier, prompts, root,
+                           measure=measure or seconds_per_token)
+    table = picked.describe()
+    for line in table.splitlines():
+        log.info("kangaroo auto: %s", line)
+    if picked.plain_wins:  # measured: no adapter and eta beat plain decoding here
+        # the gate, if any, goes too: it cuts proposals, and plain decoding makes none
+        what = "eta" if isinstance(config.eta, AutoEta) else "adapter"
+        return replace(spec, drafter=None, gate=None), (Choice(what, "none (plain decoding)", table),)
+    assert picked.adapter is not None and picked.eta is not None
+    choices = []
+    if isinstance(config.adapter, AutoAdapter):
+        choices.append(Choice("adapter", str(picked.adapter), table))
+    if isinstance(config.eta, AutoEta):
+        choices.append(Choice("eta", f"{picked.eta:g}", table))
+    chosen = replace(config, adapter=str(picked.adapter), eta=picked.eta)
+    return replace(spec, drafter=replace(spec.drafter, config=chosen)), tuple(choices)
 
 
 def read_tree_artifact(tree: TreeArtifact, spec: DecoderSpec) -> TreeTemplate:

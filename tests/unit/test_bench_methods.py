@@ -219,3 +219,14 @@ def test_tree_auto_is_a_bench_method_too():
     assert "tree=auto" in m.describe()
     with pytest.raises(MethodError, match="tree configures draft-model"):
         parse_method("t=dw:proposer=prompt-lookup,tree=auto", DEFAULTS)
+
+
+def test_kangaroo_eta_auto_is_a_bench_method_too():
+    from draftwise.proposers.kangaroo import AutoAdapter, AutoEta
+
+    m = parse_method("k=dw:proposer=kangaroo,eta=auto,adapter=auto", DEFAULTS)
+    assert m.decoder.family_config.eta == AutoEta() and m.decoder.family_config.adapter == AutoAdapter()
+    assert "adapter=auto" in m.describe() and "eta=auto" in m.describe()
+    assert parse_method("k=dw:proposer=kangaroo", DEFAULTS).decoder.family_config.eta == 0.6  # not the default
+    with pytest.raises(MethodError, match=r"\[0, 1\), got 1.5"):
+        parse_method("k=dw:proposer=kangaroo,eta=1.5", DEFAULTS)

@@ -39,6 +39,7 @@ from draftwise.optimize.auto import AutoTreeConfig, artifact_matches, auto_gate_
 from draftwise.cost_profile import VerifyCostProfile
 from draftwise.optimize.replay import Trace, predicted_seconds, replay, trace_from_records
 from draftwise.proposers.base import Proposer
+from draftwise.proposers.kangaroo import KangarooConfig
 from draftwise.verify.registry import VERIFIERS
 
 log = logging.getLogger(__name__)  # progress lines (the CLI shows INFO)
@@ -121,6 +122,11 @@ def auto_preflight(spec: DecoderSpec) -> str:
     if spec.gate is not None or trees:
         raise InputError("--proposer auto tries each proposer with and without the cost gate, draft chains only; "
                          "drop --gate and --tree (or pick the proposer yourself)")
+    measured = [f"{key}=auto" for _, c in kept if isinstance(c.family_config, KangarooConfig)
+                for key in c.family_config.unresolved]
+    if measured:  # a replay on plain traces has no wall time to choose them by
+        raise InputError(f"--proposer auto replays fixed configurations; {', '.join(measured)} is chosen by "
+                         "--proposer kangaroo (or give a value)")
     if len(kept) <= 1 and skipped:  # plain decoding alone (or nothing) is left: say why the others went
         raise InputError("--proposer auto: no proposer fits; " + "; ".join(f"{n}: {why}" for n, why in skipped))
     return "auto (" + ", ".join(sorted({preflight(c) for _, c in kept})) + ")"

@@ -29,6 +29,7 @@ from draftwise.errors import InputError
 from draftwise.options import option
 from draftwise.proposers.family import DrafterResources
 from draftwise.proposers.layer_skip import LayerSkipConfig, open_layer_skip
+from draftwise.sampling import SamplingPolicy
 from draftwise.selfdraft.skipset import SkipSet, SkipTarget, save_skip
 from draftwise.verify.registry import make_verifier
 from draftwise.workloads import first_turn_prompts
@@ -62,11 +63,13 @@ class SearchResult:
 
 
 def seconds_per_token(target: TransformersBackend, proposers: list, prompts: Sequence[Sequence[int]],
-                      max_new_tokens: int) -> tuple[float, dict[str, float]]:
-    """f: wall seconds over committed tokens, summed over `prompts` (greedy); and what it was made of."""
-    config = GenerationConfig(max_new_tokens=max_new_tokens)
+                      max_new_tokens: int, policy: SamplingPolicy = SamplingPolicy(), verifier: str = "greedy"
+                      ) -> tuple[float, dict[str, float]]:
+    """f: wall seconds over committed tokens, summed over `prompts` (greedy unless `policy`
+    samples, with `verifier`: auto picks by the contracts); and what it was made of."""
+    config = GenerationConfig(max_new_tokens=max_new_tokens, policy=policy)
     decoder = SpeculativeDecoder(verifying_target(proposers, target), proposers,
-                                 make_verifier("greedy", [p.contract for p in proposers], config.policy), config)
+                                 make_verifier(verifier, [p.contract for p in proposers], config.policy), config)
     wall = tokens = accepted = rounds = 0.0
     for prompt in prompts:
         result = decoder.generate(prompt)

@@ -7,6 +7,10 @@ cache is never touched.  `DraftModelProposer` drives it: a chain of at most k to
 exits early after a token whose draft probability is below eta (greedy: the top-1
 probability, the paper's rule), or a tree level by level.  Sampled drafts carry the adapter's
 normalized q (exact under rejection and SpecInfer); greedy drafts are its argmax.
+
+`eta=auto` and `adapter=auto` (`AutoEta`, `AutoAdapter`) are chosen by measured time per
+committed token before decoding (`draftwise.resolve`, `optimize.kangaroo_auto`); this module
+only parses and carries them, and refuses to draft with one left unresolved.
 """
 
 from __future__ import annotations
@@ -26,11 +30,59 @@ from draftwise.topology.tree_spec import TreeSpec, TreeTemplate, parse_tree, sho
 
 
 @dataclass(frozen=True)
+class AutoEta:
+    """`eta=auto`: the early-exit threshold with the least measured time per committed token."""
+
+    def __str__(self) -> str:
+        return "auto"
+
+
+@dataclass(frozen=True)
+class AutoAdapter:
+    """`adapter=auto`: of every adapter found for the target (one per exit layer), the one with
+    the least measured time per committed token."""
+
+    def __str__(self) -> str:
+        return "auto"
+
+
+def parse_eta(text: str) -> float | AutoEta:
+    stripped = text.strip()
+    if stripped == "auto":
+        return AutoEta()
+    try:
+        return float(stripped)
+    except ValueError:
+        raise InputError(f"eta={text!r}: a number in [0, 1) or auto") from None
+
+
+def parse_adapter(text: str) -> str | AutoAdapter | None:
+    """'auto', 'none' (the default adapter) or a directory (a directory named auto: ./auto)."""
+    stripped = text.strip()
+    if stripped == "auto":
+        return AutoAdapter()
+    return None if stripped.lower() in ("", "none") else stripped
+
+
+def show_setting(value: object) -> str:
+    return "none" if value is None else str(value)
+
+
+# the contract and the candidate shape do not depend on eta (it only ends a chain sooner), so a
+# config whose eta is still `auto` is planned and checked with this stand-in
+_PLANNING_ETA = 0.0
+
+
+@dataclass(frozen=True)
 class KangarooConfig:
-    adapter: str | None = option(None, help="adapter directory (draftwise adapter train); default: the one shipped "
-                                            "or trained for the target")
+    adapter: str | AutoAdapter | None = option(
+        None, parse=parse_adapter, show=show_setting,
+        help="adapter directory (draftwise adapter train); default: the one shipped or trained for the target; "
+             "auto: the fastest of the adapters shipped or in the cache for the target, measured before decoding")
     k: int = option(6, help="longest chain (the paper's gamma)")
-    eta: float = option(0.6, help="early exit: stop the chain after a drafted token the draft gave less than eta")
+    eta: float | AutoEta = option(0.6, parse=parse_eta, show=show_setting,
+                                  help="early exit: stop the chain after a drafted token the draft gave less than "
+                                       "eta; auto: the fastest of a fixed grid, measured before decoding")
     tree: TreeSpec | None = option(None, parse=parse_tree, show=show_tree,
                                    help="tree mode: chain:4, wbd:2,2,1, cartesian:3,2, JSON paths")
     relation: SamplingRelation = option(SamplingRelation.IID, help="tree children: iid | without_replacement | beam")
@@ -40,18 +92,34 @@ class KangarooConfig:
     def __post_init__(self) -> None:
         if self.tree is not None and not isinstance(self.tree, TreeTemplate):
             raise InputError("kangaroo trees are index paths (chain:4, wbd:2,2,1, cartesian:3,2, JSON paths)")
-        self.draft_config()  # the draft-model checks (k, eta in [0, 1), relation)
+        if isinstance(self.eta, AutoEta) and self.tree is not None:
+            raise InputError("eta=auto chooses where a chain exits early; a tree never does (drop eta or tree)")
+        self.planned_draft_config()  # the draft-model checks (k, eta in [0, 1), relation)
+
+    @property
+    def unresolved(self) -> tuple[str, ...]:
+        """The keys still `auto` (to be measured by `draftwise.resolve` before decoding)."""
+        return tuple(key for key, value in (("adapter", self.adapter), ("eta", self.eta))
+                     if isinstance(value, (AutoAdapter, AutoEta)))
 
     def draft_config(self) -> DraftConfig:
+        """The drafting settings; an `auto` eta must have been resolved first."""
+        if isinstance(self.eta, AutoEta):
+            raise InputError("eta=auto is not resolved yet (draftwise.open_decoder measures it before decoding)")
         return DraftConfig(k=self.k, confidence_threshold=self.eta, tree=self.tree, relation=self.relation)
+
+    def planned_draft_config(self) -> DraftConfig:
+        """The drafting settings to plan and check with: the contract and shape, not a draft."""
+        eta = _PLANNING_ETA if isinstance(self.eta, AutoEta) else self.eta
+        return DraftConfig(k=self.k, confidence_threshold=eta, tree=self.tree, relation=self.relation)
 
 
 def contract(config: KangarooConfig) -> ProposerContract:
-    return config_contract(config.draft_config())
+    return config_contract(config.planned_draft_config())
 
 
 def shape(config: KangarooConfig) -> CandidateShape:
-    return config_shape(config.draft_config())
+    return config_shape(config.planned_draft_config())
 
 
 class KangarooProposer(SelfDraftProposer):
@@ -104,6 +172,10 @@ def open_kangaroo(config: KangarooConfig, resources: DrafterResources) -> SelfDr
     if not isinstance(target, TransformersBackend):
         raise BackendError(f"Kangaroo runs the target's shallow layers on the transformers backend, not "
                            f"{target.info.name} (llama.cpp's public API evaluates every layer)")
+    if config.unresolved:
+        raise InputError(f"{', '.join(config.unresolved)}=auto is not resolved yet (draftwise.open_decoder measures it "
+                         "before decoding)")
+    assert not isinstance(config.adapter, AutoAdapter)  # for the type checker: refused just above
     directory = Path(config.adapter) if config.adapter else default_adapter(target.info.checkpoint)
     adapter_set = load_adapter(directory)
     adapter_set.check_target(target.info.checkpoint, target.info.tokenizer_hash, target.model)

@@ -161,11 +161,37 @@ def load_adapter(directory: Path) -> AdapterSet:
 SHIPPED = Path(__file__).resolve().parent.parent / "data" / "adapters"
 
 
-def trained_path(checkpoint: str) -> Path:
-    """Where `draftwise adapter train` writes an adapter by default (the cache)."""
+def trained_root() -> Path:
+    """The cache's adapter directory: `draftwise adapter train` writes there by default."""
     from draftwise.models import cache_dir
 
-    return cache_dir().parent / "adapters" / f"kangaroo-{checkpoint.replace('@', '-')}"
+    return cache_dir().parent / "adapters"
+
+
+def trained_path(checkpoint: str) -> Path:
+    """Where `draftwise adapter train` writes an adapter by default (the cache)."""
+    return trained_root() / f"kangaroo-{checkpoint.replace('@', '-')}"
+
+
+def adapters_for(checkpoint: str, roots: tuple[Path, ...] | None = None) -> list[Path]:
+    """Every adapter bound to `checkpoint` in `roots` (default: the shipped ones, then the cache's
+    adapter directory, where adapters for other exit layers can be trained with --out): the
+    candidates of `adapter=auto`.  Read unverified here; loading one verifies it."""
+    import json
+
+    found = []
+    for root in roots if roots is not None else (SHIPPED, trained_root()):
+        for manifest in sorted(Path(root).glob("*/manifest.json")):
+            try:
+                body = json.loads(manifest.read_text())
+                if body["kind"] == KIND and body["provenance"]["target"]["checkpoint"] == checkpoint:
+                    found.append(manifest.parent)
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # not an adapter (or a broken one): not a candidate
+    if not found:
+        raise InputError(f"adapter=auto: no Kangaroo adapter ships or was trained for {checkpoint}; train one per exit "
+                         "layer (draftwise adapter train --target MODEL --set exit_layer=L --out DIR)")
+    return found
 
 
 def default_adapter(checkpoint: str) -> Path:
