@@ -6,8 +6,14 @@ from pathlib import Path
 
 from draftwise.bench.heads_report import read_run, write_comparison
 
-parser = argparse.ArgumentParser(description=__doc__)
-parser.add_argument("runs", nargs="+", type=Path)
-parser.add_argument("--out", type=Path, default=Path("benchmarks/heads_compare"))
-args = parser.parse_args()
-print(write_comparison([read_run(r) for r in args.runs], args.out))
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/heads_compare"))
+    args = parser.parse_args()
+    print(write_comparison([read_run(r) for r in args.runs], args.out))
+
+
+if __name__ == "__main__":
+    main()
