@@ -19,9 +19,6 @@ skip_app = typer.Typer(help="Draft & Verify skip sets: search, info.", no_args_i
 err = Console(stderr=True)
 
 
-
-
-
 @skip_app.command()
 def search(
     out: Path = typer.Option(..., "--out", help="skip-set artifact directory to write"),
@@ -55,10 +52,34 @@ def search(
     except DraftwiseError as exc:
         _fail(str(exc))
         return
+    _plot_search(out)
     err.print(f"skip set written to {out}")
     print(json.dumps({"out": str(out), "bits": result.skip.bits(), "skipped": result.skip.skipped, "f": result.f,
                       "baselines": result.baselines, "trials": len(result.history), "manifest_hash": manifest.hash},
                      indent=2))
+
+
+def _plot_search(directory: Path) -> Path:
+    """`search.png` beside the artifact's files: a picture derived from its checksummed history."""
+    from draftwise.bench.plots import plot_search_history
+    from draftwise.selfdraft.skipset import load_skip
+
+    artifact = load_skip(directory)
+    history = json.loads((directory / "history.json").read_text())
+    target = artifact.provenance.get("target", {}).get("checkpoint", "?")
+    title = f"Skip-set search: {target}, {artifact.provenance.get('threads', '?')} threads"
+    return plot_search_history(history, artifact.provenance.get("baselines", {}), directory / "search.png", title)
+
+
+@skip_app.command()
+def plot(directory: Path = typer.Argument(..., help="a skip-set artifact")) -> None:
+    """Draw the search's f over trials (search.png in the artifact's directory; checksums verified)."""
+    try:
+        path = _plot_search(directory)
+    except DraftwiseError as exc:
+        _fail(str(exc))
+        return
+    print(path)
 
 
 @skip_app.command()

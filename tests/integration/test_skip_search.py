@@ -82,6 +82,11 @@ def test_skip_info_and_search_refusals_on_the_command_line(tmp_path):
               history=[{"trial": 0, "f": 0.5}])
     shown = CliRunner().invoke(app, ["skip", "info", str(tmp_path / "skip")])
     assert shown.exit_code == 0 and '"bits": "00110011"' in shown.output and '"f": 0.5' in shown.output
+    drawn = CliRunner().invoke(app, ["skip", "plot", str(tmp_path / "skip")])
+    assert drawn.exit_code == 0 and (tmp_path / "skip" / "search.png").read_bytes()[:4] == b"\x89PNG"
+    (tmp_path / "skip" / "history.json").write_text("[]")  # tampered: the checksum no longer matches
+    refused = CliRunner().invoke(app, ["skip", "plot", str(tmp_path / "skip")])
+    assert refused.exit_code != 0 and "history.json" in refused.output
     bad = CliRunner().invoke(app, ["skip", "search", "--out", str(tmp_path / "o"), "--set", "trials=0"])
     assert bad.exit_code == 2 and "trial" in bad.output
     bad = CliRunner().invoke(app, ["skip", "search", "--out", str(tmp_path / "o"), "--set", "nonsense=1"])

@@ -158,3 +158,22 @@ def plot_invariance(probes: list, path: Path) -> Path:
     ax.set_title("Batch invariance: " + ", ".join(sorted({p.model.split("/")[-1][:40] for p in probes})), fontsize=9)
     ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path)
+
+
+def plot_search_history(history: list[dict], baselines: dict[str, float], path: Path,
+                        title: str = "Skip-set search") -> Path:
+    """f(z) per trial, the best so far, and the baselines' f (plain decoding, every other layer):
+    the skip search's course, from its `history.json` and its manifest's baselines."""
+    done = [t for t in history if t.get("f") is not None]
+    trials = [t["trial"] for t in done]
+    values = [t["f"] * 1000 for t in done]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(trials, values, "o", markersize=4, label="trial f(z)")
+    ax.step(trials, np.minimum.accumulate(values), where="post", label="best so far")
+    for (name, f), style in zip(sorted(baselines.items()), ("--", ":", "-.")):
+        ax.axhline(f * 1000, linestyle=style, color="gray", label=f"{name} ({f * 1000:.0f} ms)")
+    ax.set_xlabel("trial")
+    ax.set_ylabel("ms per committed token (dev prompts)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
