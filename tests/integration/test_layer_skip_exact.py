@@ -99,6 +99,19 @@ def test_adaptive_gamma_moves_with_the_rounds(target):
     assert fixed.controller is None
 
 
+@pytest.mark.parametrize("carry", [False, True])
+def test_adaptive_gamma_restarts_each_generation_unless_carried(target, carry):
+    proposer = open_layer_skip(LayerSkipConfig(skip=SKIP, gamma=0.5, carry=carry), DrafterResources(target))
+    decoder = SpeculativeDecoder(target, [proposer], make_verifier("greedy", [proposer.contract], SamplingPolicy()),
+                                 GenerationConfig(max_new_tokens=20))
+    decoder.generate(PROMPT)
+    ended = proposer.gamma
+    assert ended != 0.5
+    proposer.begin(SamplingPolicy(), np.random.default_rng(0))  # what the next generation does first
+    assert proposer.gamma == (ended if carry else 0.5)
+    assert proposer.identity()["carry"] is carry
+
+
 GREEDY_PROMPTS = [[1, 2, 3], [5, 0, 7, 7], [4], [2, 6, 1, 3, 0]]
 
 

@@ -54,8 +54,9 @@ class GammaController:
     gamma - eps; gamma = b2 gamma + (1 - b2) cand.  Low acceptance raises gamma (stop drafting
     sooner), high acceptance lowers it (draft deeper)."""
 
-    def __init__(self, gamma: float, rule: GammaRule) -> None:
+    def __init__(self, gamma: float, rule: GammaRule, carry: bool = False) -> None:
         self.rule = rule
+        self.carry = carry  # begin() keeps the state of the generations before
         self.start = gamma
         self.gamma = gamma
         self.ema = rule.target  # no evidence yet: as if on target
@@ -86,6 +87,10 @@ class LayerSkipConfig:
     beta2: float = option(0.9, help="adaptive gamma: EMA weight of the past gamma")
     eps: float = option(0.01, help="adaptive gamma: step of gamma's candidate per round")
     target_acceptance: float = option(0.9, help="adaptive gamma: the acceptance rate gamma is steered toward")
+    # off by default: a seeded generation then drafts the same whatever the decoder ran before
+    carry: bool = option(False, help="adaptive gamma: keep the steered gamma and its acceptance EMA from one "
+                                     "generation to the next (the decoder's lifetime, as a served model); false: "
+                                     "restart from gamma at each generation")
     tree: TreeSpec | None = option(None, parse=parse_tree, show=show_tree,
                                    help="tree mode instead of a chain: chain:4, wbd:2,2,1, cartesian:3,2, JSON paths")
     relation: SamplingRelation = option(SamplingRelation.IID, help="tree children: iid | without_replacement | beam")
@@ -142,7 +147,8 @@ class SelfDraftProposer:
 
     def begin(self, policy: SamplingPolicy, rng: np.random.Generator) -> None:
         if self.controller is not None:
-            self.controller.reset()
+            if not self.controller.carry:
+                self.controller.reset()
             self._set_gamma(self.controller.gamma)
         self.drafting.begin(policy, rng)
 
@@ -173,9 +179,10 @@ def open_layer_skip(config: LayerSkipConfig, resources: DrafterResources) -> Sel
                          "skip=every-other (the simple rule)")
     skip, source = resolve_skip(config.skip, int(target.model.config.num_hidden_layers), target.info.checkpoint,
                                 target.info.tokenizer_hash)
-    controller = GammaController(config.gamma, config.rule) if config.adaptive and config.tree is None else None
+    controller = (GammaController(config.gamma, config.rule, config.carry) if config.adaptive and config.tree is None
+                  else None)
     identity = {"skip": skip.bits(), "skip_source": source, "adaptive": controller is not None,
-                "gamma": config.gamma, "rule": dataclasses.asdict(config.rule)}
+                "gamma": config.gamma, "rule": dataclasses.asdict(config.rule), "carry": config.carry}
     return SelfDraftProposer("layer-skip", LayerSkipBackend(target, skip), config.draft_config(config.gamma),
                              controller, identity)
 
