@@ -23,6 +23,9 @@ def summary(tmp_path):
         "clover-n8": method("dw: proposer=clover, tree=auto, tree_nodes=8", 38.0, 1.32, 0.55, 1.5),
         "clover-n4": method("dw: proposer=clover, tree=[[0], [1], [0, 0]], relation=beam", 41.0, 1.22, 0.45, 1.2),
         "clover-n5": method("dw: proposer=clover, tree=chain:4, relation=beam", 42.0, 1.19, 0.40, 1.1),
+        "medusa-auto": method("dw: proposer=medusa, tree=auto", 47.0, 1.06, 0.2, 1.0),
+        "hydra-auto": method("dw: proposer=hydra, tree=auto", 40.0, 1.25, 0.3, 1.2),
+        "hydra-chain": method("dw: proposer=hydra, relation=beam", 60.0, 0.8, 0.3, 1.2),
         "not-run": {"config": "dw: proposer=hydra, tree_nodes=16", "plain": False, "overall": {"questions": 0}},
     }
     body = {"settings": {"temperature": 1.0, "target": "tiny"}, "methods": methods}
@@ -33,7 +36,9 @@ def summary(tmp_path):
 
 def test_families_budgets_and_goals_are_read_from_the_summary(tmp_path):
     run = read_run(summary(tmp_path))
-    assert [(r.family, r.nodes) for r in run.rows] == [("medusa", 8), ("hydra", 8), ("hydra++", 8),
+    # tree=auto at its default budget is read as budget None (after the fixed budgets); a chain is not a tree
+    assert [(r.family, r.nodes) for r in run.rows] == [("medusa", 8), ("medusa", None), ("hydra", 8),
+                                                      ("hydra", None), ("hydra++", 8),
                                                       ("clover", 4), ("clover", 5),
                                                       ("clover", 8)]
     assert run.plain_ms_per_token == 50.0 and run.lookup_speedup == 1.25 and run.backend == "transformers"
@@ -44,6 +49,8 @@ def test_families_budgets_and_goals_are_read_from_the_summary(tmp_path):
     assert "fastest family clover is 1.26x Medusa's" in n8
     assert goals[-1].startswith("overall fastest: clover-n8, 1.32x plain")
     assert not any(g.startswith("n=4:") and "Hydra++" in g for g in goals)  # no equal-budget pair at n=4
+    auto = next(g for g in goals if g.startswith("n=auto:"))
+    assert "fastest family hydra is 1.18x Medusa's" in auto and "Hydra++/Hydra" not in auto
 
 
 def test_the_comparison_writes_a_table_and_two_plots_per_run(tmp_path):
@@ -51,5 +58,7 @@ def test_the_comparison_writes_a_table_and_two_plots_per_run(tmp_path):
     page = write_comparison([run], tmp_path / "out")
     text = page.read_text()
     assert "| clover | 8 | 38.0 | 1.32 | 0.55 | 0.50 / 0.25 | 1.50 | 4.0 | 0 |" in text
-    assert (tmp_path / "out" / "accepted_vs_head_cost_transformers_t1.png").stat().st_size > 1000
-    assert (tmp_path / "out" / "speedup_vs_tree_size_transformers_t1.png").stat().st_size > 1000
+    assert "| hydra | auto | 40.0 | 1.25 | 0.30 |" in text
+    # named by the run's directory: two machines' runs of one backend and temperature keep their own plots
+    assert (tmp_path / "out" / "accepted_vs_head_cost_run.png").stat().st_size > 1000
+    assert (tmp_path / "out" / "speedup_vs_tree_size_run.png").stat().st_size > 1000

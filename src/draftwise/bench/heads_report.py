@@ -42,7 +42,7 @@ def tree_nodes(config: str) -> int | None:
 class HeadRow:
     method: str
     family: str
-    nodes: int  # the auto tree's budget, root included
+    nodes: int | None  # the tree's budget, root included; None: tree=auto at its default budget
     ms_per_token: float
     speedup: float | None
     mean_accepted: float
@@ -86,25 +86,34 @@ def read_run(directory: Path) -> Run:
                 lookup = overall["speedup"]
             continue
         nodes = tree_nodes(method["config"])
-        if nodes is None:  # an auto tree at its default budget, or a chain through every head
+        if nodes is None and "tree=auto" not in method["config"]:  # a chain through every head
             continue
         rows.append(HeadRow(name, proposer.group(1), nodes, overall["ms_per_token"],
                             overall["speedup"], overall["mean_accepted"], tuple(overall["acceptance_by_depth"]),
                             overall["propose_ms_per_round"], overall["rows_verified_mean"], overall["mismatches"]))
     return Run(Path(directory), backend, float(settings["temperature"]), settings["target"], plain, lookup,
-               tuple(sorted(rows, key=lambda r: (FAMILIES.index(r.family), r.nodes))))
+               tuple(sorted(rows, key=lambda r: (FAMILIES.index(r.family), _budget_order(r.nodes)))))
 
 
-def _find(run: Run, family: str, nodes: int) -> HeadRow | None:
+def _budget_order(nodes: int | None) -> int:
+    """Fixed budgets in size order, then tree=auto's default."""
+    return 1 << 30 if nodes is None else nodes
+
+
+def _budget_label(nodes: int | None) -> str:
+    return "auto" if nodes is None else str(nodes)
+
+
+def _find(run: Run, family: str, nodes: int | None) -> HeadRow | None:
     return next((r for r in run.rows if r.family == family and r.nodes == nodes), None)
 
 
 def goal_lines(run: Run) -> list[str]:
     """The issue's goals, each at the same tree budget (budgets where both families ran)."""
     lines = []
-    for nodes in sorted({r.nodes for r in run.rows}):
+    for nodes in sorted({r.nodes for r in run.rows}, key=_budget_order):
         medusa, hydra, plus, clover = (_find(run, f, nodes) for f in FAMILIES)
-        parts = [f"n={nodes}:"]
+        parts = [f"n={_budget_label(nodes)}:"]
         if hydra and plus and hydra.mean_accepted > 0:
             parts.append(f"Hydra++/Hydra accepted {plus.mean_accepted / hydra.mean_accepted:.2f}x (goal >= 1.15x);")
         if hydra and clover:
@@ -130,7 +139,7 @@ def run_table(run: Run) -> list[str]:
     for r in run.rows:
         depth = " / ".join(f"{a:.2f}" for a in r.acceptance_by_depth[:5]) or "–"
         speed = "–" if r.speedup is None else f"{r.speedup:.2f}"
-        out.append(f"| {r.family} | {r.nodes} | {r.ms_per_token:.1f} | {speed} | {r.mean_accepted:.2f} | {depth} "
+        out.append(f"| {r.family} | {_budget_label(r.nodes)} | {r.ms_per_token:.1f} | {speed} | {r.mean_accepted:.2f} | {depth} "
                    f"| {r.head_ms_per_round:.2f} | {r.rows_verified:.1f} | {r.mismatches} |")
     return out
 
@@ -138,7 +147,7 @@ def run_table(run: Run) -> list[str]:
 def plot_accepted_vs_cost(run: Run, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
     for family in FAMILIES:
-        rows = [r for r in run.rows if r.family == family]
+        rows = [r for r in run.rows if r.family == family and r.nodes is not None]
         if rows:
             ax.plot([r.head_ms_per_round for r in rows], [r.mean_accepted for r in rows], "o-", label=family)
             for r in rows:
@@ -153,7 +162,7 @@ def plot_accepted_vs_cost(run: Run, path: Path) -> Path:
 def plot_speedup_vs_size(run: Run, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
     for family in FAMILIES:
-        rows = [r for r in run.rows if r.family == family and r.speedup is not None]
+        rows = [r for r in run.rows if r.family == family and r.speedup is not None and r.nodes is not None]
         if rows:
             ax.plot([r.nodes for r in rows], [r.speedup for r in rows], "o-", label=family)
     ax.axhline(1.0, color="black", linewidth=0.8)
@@ -179,7 +188,7 @@ def write_comparison(runs: list[Run], out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     lines = ["# Head families compared", ""]
     for run in runs:
-        stem = f"{run.backend}_t{run.temperature:g}"
+        stem = run.directory.name  # one pair of plots per run (two machines may run one backend and temperature)
         accepted = plot_accepted_vs_cost(run, out / f"accepted_vs_head_cost_{stem}.png")
         speedup = plot_speedup_vs_size(run, out / f"speedup_vs_tree_size_{stem}.png")
         plain = "–" if run.plain_ms_per_token is None else f"{run.plain_ms_per_token:.1f}"
