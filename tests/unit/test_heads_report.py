@@ -62,3 +62,15 @@ def test_the_comparison_writes_a_table_and_two_plots_per_run(tmp_path):
     # named by the run's directory: two machines' runs of one backend and temperature keep their own plots
     assert (tmp_path / "out" / "accepted_vs_head_cost_run.png").stat().st_size > 1000
     assert (tmp_path / "out" / "speedup_vs_tree_size_run.png").stat().st_size > 1000
+
+
+def test_a_run_of_auto_trees_only_gets_its_table_but_no_budget_plots(tmp_path):
+    body = {"settings": {"temperature": 1.0, "target": "tiny"}, "methods": {
+        "plain": method("dw: proposer=none", 50.0, 1.0, 0.0, 0.0, plain=True),
+        "hydra-auto": method("dw: proposer=hydra, tree=auto", 40.0, 1.25, 0.3, 1.2)}}
+    body["methods"]["hydra-auto"]["overall"]["mismatches"] = None  # sampled: no token reference
+    (tmp_path / "auto").mkdir()
+    (tmp_path / "auto" / "summary.json").write_text(json.dumps(body))
+    text = write_comparison([read_run(tmp_path / "auto")], tmp_path / "out").read_text()
+    assert "| hydra | auto | 40.0 | 1.25 | 0.30 | 0.50 / 0.25 | 1.20 | 4.0 | – |" in text
+    assert not list((tmp_path / "out").glob("*.png")) and "![" not in text

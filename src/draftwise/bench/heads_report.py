@@ -49,7 +49,7 @@ class HeadRow:
     acceptance_by_depth: tuple[float, ...]
     head_ms_per_round: float
     rows_verified: float
-    mismatches: int
+    mismatches: int | None  # None: a sampled run, which has no token-level reference
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ def run_table(run: Run) -> list[str]:
         depth = " / ".join(f"{a:.2f}" for a in r.acceptance_by_depth[:5]) or "–"
         speed = "–" if r.speedup is None else f"{r.speedup:.2f}"
         out.append(f"| {r.family} | {_budget_label(r.nodes)} | {r.ms_per_token:.1f} | {speed} | {r.mean_accepted:.2f} | {depth} "
-                   f"| {r.head_ms_per_round:.2f} | {r.rows_verified:.1f} | {r.mismatches} |")
+                   f"| {r.head_ms_per_round:.2f} | {r.rows_verified:.1f} | {'–' if r.mismatches is None else r.mismatches} |")
     return out
 
 
@@ -184,18 +184,22 @@ def _save(fig, path: Path) -> Path:
 
 
 def write_comparison(runs: list[Run], out: Path) -> Path:
-    """comparison.md and two plots per run under `out`."""
+    """comparison.md and two plots per run under `out` (none for a run of tree=auto rows only: the
+    plots' x axes are fixed budgets)."""
     out.mkdir(parents=True, exist_ok=True)
     lines = ["# Head families compared", ""]
     for run in runs:
         stem = run.directory.name  # one pair of plots per run (two machines may run one backend and temperature)
-        accepted = plot_accepted_vs_cost(run, out / f"accepted_vs_head_cost_{stem}.png")
-        speedup = plot_speedup_vs_size(run, out / f"speedup_vs_tree_size_{stem}.png")
+        plots = ""
+        if any(r.nodes is not None for r in run.rows):
+            accepted = plot_accepted_vs_cost(run, out / f"accepted_vs_head_cost_{stem}.png")
+            speedup = plot_speedup_vs_size(run, out / f"speedup_vs_tree_size_{stem}.png")
+            plots = f"![accepted vs head cost]({accepted.name}) ![speedup vs tree size]({speedup.name})"
         plain = "–" if run.plain_ms_per_token is None else f"{run.plain_ms_per_token:.1f}"
         lookup = "–" if run.lookup_speedup is None else f"{run.lookup_speedup:.2f}x"
         lines += [f"## {run.title}", "", f"Run: `{run.directory}`. Plain decoding {plain} ms/token; prompt lookup "
                   f"+ gate {lookup}.", "", *run_table(run), "", *(f"- {g}" for g in goal_lines(run)), "",
-                  f"![accepted vs head cost]({accepted.name}) ![speedup vs tree size]({speedup.name})", ""]
+                  plots, ""]
     path = out / "comparison.md"
     path.write_text("\n".join(lines))
     return path
