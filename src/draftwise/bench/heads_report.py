@@ -95,9 +95,9 @@ def read_run(directory: Path) -> Run:
                tuple(sorted(rows, key=lambda r: (FAMILIES.index(r.family), _budget_order(r.nodes)))))
 
 
-def _budget_order(nodes: int | None) -> int:
+def _budget_order(nodes: int | None) -> tuple[bool, int]:
     """Fixed budgets in size order, then tree=auto's default."""
-    return 1 << 30 if nodes is None else nodes
+    return nodes is None, nodes or 0
 
 
 def _budget_label(nodes: int | None) -> str:
