@@ -2,8 +2,8 @@
 # Issue 28's comparison: the four head families (committed heads of the embedded model, one
 # data set) on the same trees at three node budgets, beside plain decoding and prompt lookup +
 # gate, interleaved question by question in ONE run per backend and temperature.  Usage:
-#   BACKEND=transformers|llamacpp TEMPERATURE=0|1 [BUDGETS="5 8 16"] [AUTO=1] [TARGET=smollm2-135m] \
-#     bash benchmarks/heads_compare.sh [OUT_DIR] [bench flags, e.g. --resume]
+#   BACKEND=transformers|llamacpp TEMPERATURE=0|1 [BUDGETS="5 8 16"] [AUTO=1] [TARGET=smollm2-135m] [MAX_NEW=128] \
+#     [WORKLOAD_CHAT=spec-bench:all:13] [WORKLOAD_CODE=humaneval:2-4] bash benchmarks/heads_compare.sh [OUT_DIR] [bench flags, e.g. --resume]
 # then: .venv/bin/python benchmarks/heads_compare.py benchmarks/heads_compare_* --out benchmarks/heads_compare
 # The workload is narrowed for a 2-core CPU session: one Spec-Bench development question per
 # category and HumanEval 2-4 (auto trees calibrate on HumanEval 0-1).
@@ -16,6 +16,7 @@ out="${1:-benchmarks/heads_compare_${backend}_t${temperature}}"
 # The same trees for every family, by node budget (root included): the top-1 chain through
 # the four heads, and two sparse trees that widen the shallow levels where heads are surest.
 declare -A trees=(
+  [3]="chain:2"  # for a target whose t(n) climbs steeply past 3 rows (Qwen 1.5B on 2 cores)
   [5]="chain:4"
   [8]="[[0],[1],[2],[0,0],[0,1],[0,0,0],[0,0,0,0]]"
   [16]="[[0],[1],[2],[3],[0,0],[0,1],[0,2],[1,0],[1,1],[0,0,0],[0,0,1],[0,1,0],[1,0,0],[0,0,0,0],[0,0,0,1]]"
@@ -30,5 +31,5 @@ for family in medusa hydra hydra++ clover; do
   [ -n "${AUTO:-}" ] && methods+=(--method "${family/++/pp}-auto=dw:proposer=$family,backend=$backend,tree=auto")
 done
 exec .venv/bin/draftwise bench --workload "${WORKLOAD_CHAT:-spec-bench:all:13}" --workload "${WORKLOAD_CODE:-humaneval:2-4}" \
-  --target "${TARGET:-smollm2-135m}" --max-new-tokens 128 --temperature "$temperature" --seed 0 --repeats 1 \
+  --target "${TARGET:-smollm2-135m}" --max-new-tokens "${MAX_NEW:-128}" --temperature "$temperature" --seed 0 --repeats 1 \
   --threads 2 --out "$out" "${methods[@]}" "$@"

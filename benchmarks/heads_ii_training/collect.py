@@ -1,6 +1,8 @@
 """Collect the training figures of head-set artifacts into runs.json and a markdown table.
 
-    .venv/bin/python benchmarks/heads_ii_training/collect.py NAME=DIR ... > benchmarks/heads_ii_training/table.md
+    .venv/bin/python benchmarks/heads_ii_training/collect.py [--json PATH] NAME=DIR ... > benchmarks/heads_ii_training/table.md
+
+--json: where runs.json goes (default: beside this script).
 """
 
 from __future__ import annotations
@@ -11,8 +13,12 @@ from pathlib import Path
 
 
 def main() -> None:
+    args = sys.argv[1:]
+    out = Path(__file__).parent / "runs.json"
+    if args[:1] == ["--json"]:
+        out, args = Path(args[1]), args[2:]
     runs = {}
-    for item in sys.argv[1:]:
+    for item in args:
         name, _, directory = item.partition("=")
         provenance = json.loads((Path(directory) / "manifest.json").read_text())["provenance"]
         metrics = provenance["metrics"]
@@ -24,7 +30,6 @@ def main() -> None:
             "steps": metrics["steps"], "hidden_cache": provenance["data"]["hidden_cache"],
             "size_bytes": (Path(directory) / "heads.safetensors").stat().st_size,
         }
-    out = Path(__file__).parent / "runs.json"
     out.write_text(json.dumps(runs, indent=2) + "\n")
     print("| run | family | options | top-1 by depth | top-5 by depth | params | MB (bf16) | train s |")
     print("|---|---|---|---|---|---|---|---|")
