@@ -5,15 +5,13 @@
 # NAME=OUT/NAME ... > benchmarks/heads_qwen_training/hydrapp_options.md
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-epochs="${EPOCHS:-8}"
+source benchmarks/heads_qwen_training/corpus.sh
 out="${OUT:-$HOME/.cache/draftwise/heads-experiments/qwen2.5-coder-1.5b}"
 logs="${LOGS:-benchmarks/heads_qwen_training/logs}"
 mkdir -p "$logs" "$out"
-data=(--target qwen2.5-coder-1.5b --set prompts=192 --set validation=24 --set answer_tokens=96
-      --set prompt_tokens=256 --set "epochs=$epochs" --threads 1)
 train() {  # name options...
   local name="$1"; shift
-  .venv/bin/draftwise heads train --family hydra++ "${data[@]}" --out "$out/$name" "$@" > "$logs/$name.log" 2>&1
+  .venv/bin/draftwise heads train --family hydra++ "${qwen_corpus[@]}" --threads 1 --out "$out/$name" "$@" > "$logs/$name.log" 2>&1
 }
 ( train deeper-only --set layers=4 && train teacher-only --set layers=1 --set teacher_weight=1 --set hard_weight=0 ) &
 lane=$!

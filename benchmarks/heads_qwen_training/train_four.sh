@@ -6,14 +6,12 @@
 # time, one thread each.  Logs: $LOGS/<family>.log.   Usage: [EPOCHS=8] bash train_four.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-epochs="${EPOCHS:-8}"
+source benchmarks/heads_qwen_training/corpus.sh
 logs="${LOGS:-benchmarks/heads_qwen_training/logs}"
 mkdir -p "$logs"
-data=(--target qwen2.5-coder-1.5b --set prompts=192 --set validation=24 --set answer_tokens=96
-      --set prompt_tokens=256 --set "epochs=$epochs")
 train() {  # family threads preset-or-options...
   local family="$1" threads="$2"; shift 2
-  .venv/bin/draftwise heads train --family "$family" "${data[@]}" --threads "$threads" "$@" > "$logs/$family.log" 2>&1
+  .venv/bin/draftwise heads train --family "$family" "${qwen_corpus[@]}" --threads "$threads" "$@" > "$logs/$family.log" 2>&1
 }
 train medusa 2 --preset medusa-1
 # the shipped embedded-model recipes: Hydra++ = 3 layers + teacher loss only; Clover without

@@ -28,10 +28,13 @@ def summary(tmp_path):
         "hydra-chain": method("dw: proposer=hydra, relation=beam", 60.0, 0.8, 0.3, 1.2),
         "not-run": {"config": "dw: proposer=hydra, tree_nodes=16", "plain": False, "overall": {"questions": 0}},
     }
-    body = {"settings": {"temperature": 1.0, "target": "tiny"}, "methods": methods}
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    (tmp_path / "summary.json").write_text(json.dumps(body))
-    return tmp_path
+    return write_summary(tmp_path, {"settings": {"temperature": 1.0, "target": "tiny"}, "methods": methods})
+
+
+def write_summary(directory, body):
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "summary.json").write_text(json.dumps(body))
+    return directory
 
 
 def test_families_budgets_and_goals_are_read_from_the_summary(tmp_path):
@@ -69,9 +72,7 @@ def test_a_run_of_auto_trees_only_gets_its_table_but_no_budget_plots(tmp_path):
         "plain": method("dw: proposer=none", 50.0, 1.0, 0.0, 0.0, plain=True),
         "hydra-auto": method("dw: proposer=hydra, tree=auto", 40.0, 1.25, 0.3, 1.2)}}
     body["methods"]["hydra-auto"]["overall"]["mismatches"] = None  # sampled: no token reference
-    (tmp_path / "auto").mkdir()
-    (tmp_path / "auto" / "summary.json").write_text(json.dumps(body))
-    text = write_comparison([read_run(tmp_path / "auto")], tmp_path / "out").read_text()
+    text = write_comparison([read_run(write_summary(tmp_path / "auto", body))], tmp_path / "out").read_text()
     assert "| hydra | auto | 40.0 | 1.25 | 0.30 | 0.50 / 0.25 | 1.20 | 4.0 | – |" in text
     assert not list((tmp_path / "out").glob("*.png")) and "![" not in text
 
@@ -83,12 +84,9 @@ def test_auto_trees_that_all_fell_back_to_plain_decoding_get_no_goal_ratios(tmp_
            ("medusa", "hydra", "hydra++", "clover")}}}
     for row in body["methods"].values():
         row["overall"]["rows_verified_mean"] = 1.0
-    (tmp_path / "auto").mkdir()
-    (tmp_path / "auto" / "summary.json").write_text(json.dumps(body))
-    goals = goal_lines(read_run(tmp_path / "auto"))
+    goals = goal_lines(read_run(write_summary(tmp_path / "auto", body)))
     assert goals[0] == "n=auto: no family's auto tree drafts on this hardware (each ran as plain decoding)"
     assert not any("Clover accepted" in g or "Medusa's time" in g for g in goals)
     # one family drafting is enough for the ratios to be written
     body["methods"]["hydra-auto"]["overall"]["rows_verified_mean"] = 2.0
-    (tmp_path / "auto" / "summary.json").write_text(json.dumps(body))
-    assert "Clover accepted" in goal_lines(read_run(tmp_path / "auto"))[0]
+    assert "Clover accepted" in goal_lines(read_run(write_summary(tmp_path / "auto", body)))[0]

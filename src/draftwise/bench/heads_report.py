@@ -104,8 +104,8 @@ def _budget_label(nodes: int | None) -> str:
     return "auto" if nodes is None else str(nodes)
 
 
-def _find(run: Run, family: str, nodes: int | None) -> HeadRow | None:
-    return next((r for r in run.rows if r.family == family and r.nodes == nodes), None)
+def _find(rows: list[HeadRow], family: str) -> HeadRow | None:
+    return next((r for r in rows if r.family == family), None)
 
 
 def goal_lines(run: Run) -> list[str]:
@@ -117,7 +117,7 @@ def goal_lines(run: Run) -> list[str]:
             # every auto tree is the bare root: plain decoding with heads loaded, nothing to compare
             lines.append("n=auto: no family's auto tree drafts on this hardware (each ran as plain decoding)")
             continue
-        medusa, hydra, plus, clover = (_find(run, f, nodes) for f in FAMILIES)
+        medusa, hydra, plus, clover = (_find(here, f) for f in FAMILIES)
         # auto: each family's own tree for this hardware, so accepted lengths are not at one budget
         parts = [f"n={_budget_label(nodes)}" + (" (each family's own tree):" if nodes is None else ":")]
         if hydra and plus and hydra.mean_accepted > 0:
