@@ -4,7 +4,7 @@
 # plain and prompt lookup with and without `gate=auto` against llama-cpp-python's
 # LlamaPromptLookupDecoding, interleaved problem by problem in one process.  The committed
 # results are WORKLOAD=humaneval:0-9 (about 12 minutes).
-exec bash "$(dirname "$0")/qwen_bench.sh" benchmarks/llamacpp_gate \
+exec bash "$(dirname "$0")/../peers/qwen_bench.sh" "${OUT:-$(bash "$(dirname "$0")/../peers/run_dir.sh" cost_gate llamacpp)}" \
   --method dw-plain=dw:proposer=none,backend=llamacpp \
   --method dw-prompt-lookup=dw:proposer=prompt-lookup,backend=llamacpp \
   --method dw-prompt-lookup-gate=dw:proposer=prompt-lookup,backend=llamacpp,gate=auto \

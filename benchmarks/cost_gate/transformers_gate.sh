@@ -6,7 +6,7 @@
 # by problem in one process.  Ungated draftwise prompt lookup ties transformers' (see
 # transformers_core/): add --method dw-prompt-lookup=dw:proposer=prompt-lookup,backend=transformers
 # to see it side by side (about 25 more minutes).
-exec bash "$(dirname "$0")/qwen_bench.sh" benchmarks/transformers_gate \
+exec bash "$(dirname "$0")/../peers/qwen_bench.sh" "${OUT:-$(bash "$(dirname "$0")/../peers/run_dir.sh" cost_gate transformers)}" \
   --method dw-plain=dw:proposer=none,backend=transformers \
   --method dw-prompt-lookup-gate=dw:proposer=prompt-lookup,backend=transformers,gate=auto \
   --method hf-prompt-lookup "$@"

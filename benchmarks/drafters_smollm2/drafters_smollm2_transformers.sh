@@ -7,8 +7,8 @@
 # at its defaults (a chain through every head; no searched tree): the trees, the searched skip
 # set and the Qwen target are the full benchmark's.  About 15 minutes alone; --resume continues.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-out="${OUT:-benchmarks/drafters_smollm2_transformers}"
+cd "$(dirname "$0")/../.."
+out="${OUT:-$(bash benchmarks/peers/run_dir.sh drafters_smollm2 transformers)}"
 tf="backend=transformers"
 .venv/bin/draftwise bench \
   --workload humaneval:0-4 --workload spec-bench:5 \

@@ -3,15 +3,15 @@
 # data set) on the same trees at three node budgets, beside plain decoding and prompt lookup +
 # gate, interleaved question by question in ONE run per backend and temperature.  Usage:
 #   BACKEND=transformers|llamacpp TEMPERATURE=0|1 [BUDGETS="5 8 16"] [AUTO=1] [TARGET=smollm2-135m] [MAX_NEW=128] \
-#     [WORKLOAD_CHAT=spec-bench:all:13] [WORKLOAD_CODE=humaneval:2-4] bash benchmarks/heads_compare.sh [OUT_DIR] [bench flags, e.g. --resume]
-# then: .venv/bin/python benchmarks/heads_compare.py benchmarks/heads_compare_* --out benchmarks/heads_compare
+#     [WORKLOAD_CHAT=spec-bench:all:13] [WORKLOAD_CODE=humaneval:2-4] bash benchmarks/heads_families/heads_compare.sh [OUT_DIR] [bench flags, e.g. --resume]
+# then: .venv/bin/python benchmarks/heads_families/heads_compare.py benchmarks/heads_families/runs/* (writes benchmarks/heads_families/comparison/)
 # The workload is narrowed for a 2-core CPU session: one Spec-Bench development question per
 # category and HumanEval 2-4 (auto trees calibrate on HumanEval 0-1).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 backend="${BACKEND:-transformers}"
 temperature="${TEMPERATURE:-0}"
-out="${1:-benchmarks/heads_compare_${backend}_t${temperature}}"
+out="${1:-$(bash benchmarks/peers/run_dir.sh heads_families "${TARGET:-smollm2-135m}-${backend}-t${temperature}")}"
 [ $# -gt 0 ] && shift
 # The same trees for every family, by node budget (root included): the top-1 chain through
 # the four heads, and two sparse trees that widen the shallow levels where heads are surest.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 27's benchmark on the Qwen target (qwen2.5-coder-1.5b), greedy, 128 new tokens, one run
 # per backend, interleaved question by question: plain decoding, prompt lookup + cost gate, the
-# 0.5B draft model (k=20, the best chain of benchmarks/transformers_draft_k20), and the Medusa and
+# 0.5B draft model (k=20, the best chain of benchmarks/peers/runs/amd-epyc-2026-11-29-transformers-draft-k20), and the Medusa and
 # Hydra heads trained into the cache by
 #   draftwise heads train --family hydra  --target qwen2.5-coder-1.5b --preset hydra \
 #     --set prompts=192 --set validation=24 --set answer_tokens=96 --set prompt_tokens=256 --set epochs=3 --threads 2
@@ -9,10 +9,11 @@
 # each with its best tree by tree=auto.  The workload is narrowed to what a 2-core CPU decodes
 # in a session (the 1.5B runs at ~2 tok/s on transformers here): 3 Spec-Bench development
 # questions (stratified over categories) and HumanEval 2-4 (the auto trees calibrate on 0-1).
-#   BACKEND=transformers|llamacpp bash benchmarks/heads_qwen.sh OUT_DIR [--resume]
+#   BACKEND=transformers|llamacpp bash benchmarks/heads_qwen/heads_qwen.sh [OUT_DIR] [--resume]
 set -euo pipefail
-cd "$(dirname "$0")/.."
-out="$1"; shift
+cd "$(dirname "$0")/../.."
+out="${1:-$(bash benchmarks/peers/run_dir.sh heads_qwen "${BACKEND:-transformers}")}"
+[ $# -gt 0 ] && shift
 b="backend=${BACKEND:-transformers}"
 exec .venv/bin/draftwise bench \
   --workload "${WORKLOAD_CHAT:-spec-bench:all:3}" --workload "${WORKLOAD_CODE:-humaneval:2-4}" \

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Issue 27, Qwen target on transformers in bfloat16, the comparison methods of
-# benchmarks/heads_qwen_bf16.sh's heads on the same workload and dtype: plain decoding (the
+# benchmarks/heads_qwen/heads_qwen_bf16.sh's heads on the same workload and dtype: plain decoding (the
 # shared reference), prompt lookup + cost gate, the 0.5B draft model (k=20 chain) and
 # transformers' own assisted generation with it.  A second run because a bench refuses to resume
 # under other settings.
-#   bash benchmarks/heads_qwen_bf16_peers.sh OUT_DIR [--resume]
+#   bash benchmarks/heads_qwen/heads_qwen_bf16_peers.sh [OUT_DIR] [--resume]
 set -euo pipefail
-cd "$(dirname "$0")/.."
-out="$1"; shift
+cd "$(dirname "$0")/../.."
+out="${1:-$(bash benchmarks/peers/run_dir.sh heads_qwen transformers-bf16-peers)}"
+[ $# -gt 0 ] && shift
 b="backend=transformers"
 exec .venv/bin/draftwise bench \
   --workload "${WORKLOAD_CHAT:-spec-bench:all:2}" --workload "${WORKLOAD_CODE:-humaneval:2-3}" \

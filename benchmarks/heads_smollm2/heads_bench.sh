@@ -3,12 +3,13 @@
 # lookup, and the Medusa and Hydra heads (each with its best tree by tree=auto; Hydra's chain
 # with a confidence cut, and under the cost gate), greedy, 128 new tokens, interleaved question by question in ONE
 # run per backend.  Usage:
-#   BACKEND=transformers|llamacpp [TARGET=smollm2-135m] [WORKLOAD="..."] bash heads_bench.sh OUT_DIR [bench flags, e.g. --resume]
+#   BACKEND=transformers|llamacpp [TARGET=smollm2-135m] [WORKLOAD="..."] bash benchmarks/heads_smollm2/heads_bench.sh [OUT_DIR] [bench flags, e.g. --resume]
 # The default workload is narrowed for a 2-core CPU session: one Spec-Bench development
 # question per category (13 questions, 21 turns) and HumanEval 2-11 (the auto trees calibrate on HumanEval 0-1, the default calibration workload).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-out="$1"; shift
+cd "$(dirname "$0")/../.."
+out="${1:-$(bash benchmarks/peers/run_dir.sh heads_smollm2 "${BACKEND:-transformers}")}"
+[ $# -gt 0 ] && shift
 backend="${BACKEND:-transformers}"
 target="${TARGET:-smollm2-135m}"
 workload=(--workload "${WORKLOAD_CHAT:-spec-bench:all:13}" --workload "${WORKLOAD_CODE:-humaneval:2-11}")

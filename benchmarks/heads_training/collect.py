@@ -1,8 +1,9 @@
 """Collect the training figures of head-set artifacts into runs.json and a markdown table.
 
-    .venv/bin/python benchmarks/heads_ii_training/collect.py [--json PATH] NAME=DIR ... > benchmarks/heads_ii_training/table.md
+    .venv/bin/python benchmarks/heads_training/collect.py --json RUN/runs.json NAME=DIR ... > RUN/table.md
 
---json: where runs.json goes (default: beside this script).
+RUN: a run directory, benchmarks/heads_training/runs/<machine>-<date>-<what> (runs/ holds the
+committed ones).  --json: where runs.json goes (default: runs.json in the current directory).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 def main() -> None:
     args = sys.argv[1:]
-    out = Path(__file__).parent / "runs.json"
+    out = Path("runs.json")
     if args[:1] == ["--json"]:
         out, args = Path(args[1]), args[2:]
     runs = {}

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Issue 28: Hydra++'s options one at a time on the Qwen data set of train_four.sh (same corpus
 # recipe, same epochs), written outside the cache so the shipped-recipe sets stay in use.  Two
-# lanes, one thread each.  Then: collect.py --json benchmarks/heads_qwen_training/hydrapp_options.json
-# NAME=OUT/NAME ... > benchmarks/heads_qwen_training/hydrapp_options.md
+# lanes, one thread each.  Then: collect.py --json benchmarks/heads_training/runs/<machine>-<date>-qwen-hydrapp-options/hydrapp_options.json
+# NAME=OUT/NAME ... > benchmarks/heads_training/runs/<machine>-<date>-qwen-hydrapp-options/hydrapp_options.md
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-source benchmarks/heads_qwen_training/corpus.sh
+source benchmarks/heads_training/corpus.sh
 out="${OUT:-$HOME/.cache/draftwise/heads-experiments/qwen2.5-coder-1.5b}"
-logs="${LOGS:-benchmarks/heads_qwen_training/logs}"
+logs="${LOGS:-benchmarks/heads_training/logs}"
 mkdir -p "$logs" "$out"
 train() {  # name options...
   local name="$1"; shift

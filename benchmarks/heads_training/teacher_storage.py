@@ -11,7 +11,8 @@ the shapes of the embedded model's head training (d = 576, a draft vocabulary of
 Against a Hydra++ training step (4 heads of 4 residual layers + the shared LM head, forward
 and backward).  One thread; run under `nice` on a shared machine, so read the ratios only.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src nice -n 15 .venv/bin/python benchmarks/heads_teacher_storage/measure.py
+    OMP_NUM_THREADS=1 PYTHONPATH=src nice -n 15 .venv/bin/python benchmarks/heads_training/teacher_storage.py \
+        > benchmarks/heads_training/runs/<machine>-<date>-teacher-storage/result.json
 """
 
 from __future__ import annotations

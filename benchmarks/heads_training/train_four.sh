@@ -6,8 +6,8 @@
 # time, one thread each.  Logs: $LOGS/<family>.log.   Usage: [EPOCHS=8] bash train_four.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-source benchmarks/heads_qwen_training/corpus.sh
-logs="${LOGS:-benchmarks/heads_qwen_training/logs}"
+source benchmarks/heads_training/corpus.sh
+logs="${LOGS:-benchmarks/heads_training/logs}"
 mkdir -p "$logs"
 train() {  # family threads preset-or-options...
   local family="$1" threads="$2"; shift 2

@@ -5,8 +5,8 @@
 # path).  Writes one invariance_probe artifact per (model, kernels) and a combined plot.
 # About 25 minutes on the 2-core machine, most of it the Qwen probes.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-out="${1:-benchmarks/llamacpp_invariance}"
+cd "$(dirname "$0")/../.."
+out="${1:-$(bash benchmarks/peers/run_dir.sh llamacpp_exactness invariance)}"
 mkdir -p "$out"
 for target in smollm2-135m qwen2.5-coder-1.5b; do
   for mode in default strict-chains strict-trees; do

@@ -6,8 +6,8 @@
 # development questions, one run, side by side with the default kernels; each method is checked
 # against the plain decoding of its own kernel set.  About 15 minutes alone on the 2-core machine.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-out="${OUT:-benchmarks/llamacpp_strict_chains}"
+cd "$(dirname "$0")/../.."
+out="${OUT:-$(bash benchmarks/peers/run_dir.sh llamacpp_exactness strict-chains)}"
 cpp="backend=llamacpp"
 .venv/bin/draftwise bench \
   --workload humaneval:0-9 --workload spec-bench:10 \
@@ -19,4 +19,4 @@ cpp="backend=llamacpp"
   --method strict-plain=dw:proposer=none,$cpp,strict=true \
   --method strict-lookup=dw:proposer=prompt-lookup,$cpp,strict=true \
   --method strict-lookup-gate=dw:proposer=prompt-lookup,$cpp,gate=auto,strict=true "$@"
-.venv/bin/python benchmarks/llamacpp_ties.py "$out" --workload humaneval:0-9 --workload spec-bench:10
+.venv/bin/python benchmarks/llamacpp_exactness/llamacpp_ties.py "$out" --workload humaneval:0-9 --workload spec-bench:10

@@ -7,7 +7,7 @@ against the near-tie bound of the target's invariance probe (2x the largest row 
 measured for those kernels).  Later turns of that question are not counted again: their
 prompts hold the earlier, already different, answer.  Writes ties.json beside the run.
 
-    python benchmarks/llamacpp_ties.py RUN_DIR --workload humaneval:0-19 --workload spec-bench:40
+    python benchmarks/llamacpp_exactness/llamacpp_ties.py RUN_DIR --workload humaneval:0-19 --workload spec-bench:40
 """
 
 from __future__ import annotations

@@ -8,13 +8,15 @@ it is timed, so the prefix never changes.  The two backends and every N are inte
 by round, so drift on a shared machine falls on both alike.  Also timed: a tracked `extend` of
 the prefix against an untracked one (the tracked one decodes its last token alone).
 
-    PYTHONPATH=src .venv/bin/python benchmarks/llamacpp_hidden/measure.py [--repeats 30] [--threads N]
+    PYTHONPATH=src .venv/bin/python benchmarks/llamacpp_hidden/measure.py [--repeats 30] [--threads N] [--out DIR]
 
-Writes results.json and report.md beside this script.
+Writes results.json into --out (default: benchmarks/llamacpp_hidden/runs/<machine>-<date>/);
+README.md beside this script reads the committed run.
 """
 
 from __future__ import annotations
 
+import subprocess
 import argparse
 import json
 import logging
@@ -32,7 +34,6 @@ from draftwise.contracts import SamplingRelation, TopologyKind
 from draftwise.data import spec_bench_questions
 from draftwise.topology.compile import TreeLimits, compile_round
 
-HERE = Path(__file__).parent
 PREFIX = 256
 CANDIDATES = (0, 1, 4, 8, 16)  # candidate rows after the pending token (0: a plain decoding step)
 CONTRACT = ProposerContract(ProbabilitySemantics.ABSENT, SamplingRelation.DETERMINISTIC_LOOKUP, TopologyKind.SEQUENCE)
@@ -69,11 +70,20 @@ def time_extend(backend, tokens: list[int]) -> float:
     return time.perf_counter() - start
 
 
+def default_run_dir(variant: str = "") -> Path:
+    """benchmarks/<this study>/runs/<machine>-<date>[-VARIANT], named by benchmarks/peers/run_dir.sh."""
+    here = Path(__file__).resolve().parent
+    name = subprocess.run(["bash", str(here.parent / "peers" / "run_dir.sh"), here.name, *([variant] if variant else [])],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    return here.parents[1] / name
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=30, help="timed verifies per (backend, N)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: every core)")
+    parser.add_argument("--out", type=Path, help="run directory (default: benchmarks/llamacpp_hidden/runs/<machine>-<date>)")
     args = parser.parse_args()
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
 
@@ -123,7 +133,9 @@ def main() -> None:
                           "ratio": med(extend["on"]) / med(extend["off"]), "repeats": len(extend["off"])},
         "samples_ms": {mode: {str(n): [1e3 * x for x in v] for n, v in per.items()} for mode, per in verify.items()},
     }
-    (HERE / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    out = args.out or default_run_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps({k: v for k, v in results.items() if k != "samples_ms"}, indent=1))
 
 

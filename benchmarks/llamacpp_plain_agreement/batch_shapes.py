@@ -8,7 +8,7 @@ draftwise's llama.cpp backend (`extend`, last row's logits only):
 and the largest absolute logit difference of each pair.
 
     PYTHONPATH=src .venv/bin/python benchmarks/llamacpp_plain_agreement/batch_shapes.py \
-        --model smollm2-135m --out benchmarks/llamacpp_plain_agreement/batch_shapes_smollm2-135m.json
+        --model smollm2-135m --out benchmarks/llamacpp_plain_agreement/runs/<machine>-<date>/batch_shapes_smollm2-135m.json
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ divergence can be told apart from an argmax tie; the first step's logits of the 
 It also dumps the llama_context_params of draftwise's backend and of the bench's two `Llama`s, field by field.
 
     PYTHONPATH=src .venv/bin/python benchmarks/llamacpp_plain_agreement/measure.py \
-        --model smollm2-135m --workload spec-bench:10 --new 96 --out benchmarks/llamacpp_plain_agreement/smollm2.json
+        --model smollm2-135m --workload spec-bench:10 --new 96 --out benchmarks/llamacpp_plain_agreement/runs/<machine>-<date>/smollm2-135m.json
 """
 
 from __future__ import annotations

@@ -3,11 +3,12 @@
 # d in {2, 4, 6, 8, 10} x candidates in {1, 2, 4} (15 (n, d) points), plus plain decoding and
 # the gated default, on llama.cpp (the fastest plain decoder here), HumanEval 0-9, greedy,
 # 128 new tokens, interleaved problem by problem.  Then every point's speedup predicted by
-# replaying its rounds on plain traces (benchmarks/auto_proposer/predict_vs_measured.py) sits
+# replaying its rounds on plain traces (benchmarks/lookup_grid/predict_vs_measured.py) sits
 # beside the measured one, with what `--proposer auto` picks.  About an hour on 2 cores.
+# OUT (default benchmarks/lookup_grid/runs/<machine>-<date>-humaneval-t0) names the run directory.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-out="${OUT:-benchmarks/lookup_grid}"
+cd "$(dirname "$0")/../.."
+out="${OUT:-$(bash benchmarks/peers/run_dir.sh lookup_grid humaneval-t0)}"
 cpp="backend=llamacpp"
 methods=(--method plain=dw:proposer=none,$cpp --method lookup-10-gate=dw:proposer=prompt-lookup,$cpp,gate=auto)
 for d in 2 4 6 8 10; do
@@ -15,8 +16,7 @@ for d in 2 4 6 8 10; do
     methods+=(--method "lookup-$d-x$c=dw:proposer=prompt-lookup,$cpp,lookup=$d,candidates=$c")
   done
 done
-WORKLOAD="${WORKLOAD:-humaneval:0-9}" bash benchmarks/qwen_bench.sh "$out" "${methods[@]}" "$@"
-.venv/bin/python benchmarks/auto_proposer/predict_vs_measured.py --measured "$out" --backend llamacpp \
-  --out "$(dirname "$out")/auto_proposer"
-.venv/bin/python benchmarks/auto_proposer/plot_grid.py --measured "$out" \
-  --predictions "$(dirname "$out")/auto_proposer/$(basename "$out").json"
+WORKLOAD="${WORKLOAD:-humaneval:0-9}" bash benchmarks/peers/qwen_bench.sh "$out" "${methods[@]}" "$@"
+# predictions and plot into the run's own directory: $out/predicted.{json,md,png}
+.venv/bin/python benchmarks/lookup_grid/predict_vs_measured.py --measured "$out" --backend llamacpp
+.venv/bin/python benchmarks/lookup_grid/plot_grid.py --measured "$out"

@@ -1,11 +1,11 @@
 """Measured and predicted speedup against tree size, one line per depth (issue 7's grid plot).
 
-Reads what `predict_vs_measured.py` wrote for a bench run (`auto_proposer/RUN.json`) and the
+Reads what `predict_vs_measured.py` wrote for a bench run (`RUN/predicted.json`) and the
 run's own method list (`RUN/run.json`); every ungated prompt-lookup method is a grid point with
 depth d = its lookup length and tree size n = 1 + d x candidates (the rows a full round
 verifies, root included).  Gated and other methods are not grid points and are left out.
 
-    .venv/bin/python benchmarks/auto_proposer/plot_grid.py --measured benchmarks/lookup_grid
+    .venv/bin/python benchmarks/lookup_grid/plot_grid.py --measured benchmarks/lookup_grid/runs/amd-epyc-2026-12-01-humaneval-t0
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ def grid_points(run: dict, predictions: dict) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--measured", required=True, type=Path, help="the bench results directory")
-    parser.add_argument("--predictions", type=Path, help="default: auto_proposer/<run name>.json")
+    parser.add_argument("--predictions", type=Path, help="default: MEASURED/predicted.json")
     args = parser.parse_args()
-    predictions_path = args.predictions or Path(__file__).parent / f"{args.measured.name}.json"
+    predictions_path = args.predictions or args.measured / "predicted.json"
     predictions = json.loads(predictions_path.read_text())
     points = grid_points(json.loads((args.measured / "run.json").read_text()), predictions)
     if not points:

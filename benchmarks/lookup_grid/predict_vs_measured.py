@@ -10,9 +10,15 @@ that does the same work (transformers' prompt lookup = dw prompt lookup, round f
 Then it asks `--proposer auto` what it picks from its default calibration prompts, and reads
 how that configuration measured.
 
-    .venv/bin/python benchmarks/auto_proposer/predict_vs_measured.py --measured benchmarks/llamacpp_gate --backend llamacpp
-    .venv/bin/python benchmarks/auto_proposer/predict_vs_measured.py --measured benchmarks/transformers_gate \\
-        --backend transformers --workload humaneval:0-4 --as hf-prompt-lookup=dw:proposer=prompt-lookup
+Writes OUT.json and OUT.md (default OUT: predicted, inside the measured run's directory).
+
+    .venv/bin/python benchmarks/lookup_grid/predict_vs_measured.py \\
+        --measured benchmarks/cost_gate/runs/amd-epyc-2026-11-30-llamacpp --backend llamacpp \\
+        --out benchmarks/lookup_grid/runs/amd-epyc-2026-11-30-gate-replay/llamacpp_gate
+    .venv/bin/python benchmarks/lookup_grid/predict_vs_measured.py \\
+        --measured benchmarks/cost_gate/runs/amd-epyc-2026-11-30-transformers \\
+        --backend transformers --workload humaneval:0-4 --as hf-prompt-lookup=dw:proposer=prompt-lookup \\
+        --out benchmarks/lookup_grid/runs/amd-epyc-2026-11-30-gate-replay/transformers_gate
 """
 
 from __future__ import annotations
@@ -90,7 +96,7 @@ def main() -> None:
     parser.add_argument("--backend", required=True, help="the run's methods on this backend are predicted")
     parser.add_argument("--workload", action="append", help="the questions to compare on (default: the run's)")
     parser.add_argument("--as", dest="aliases", action="append", default=[], help="PEER=dw:CONFIG it equals")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent)
+    parser.add_argument("--out", type=Path, help="OUT.json and OUT.md are written (default: MEASURED/predicted)")
     args = parser.parse_args()
 
     run = json.loads((args.measured / "run.json").read_text())
@@ -171,7 +177,7 @@ def main() -> None:
         "best_measured": best,
         "auto_pick_measured_vs_best": None if pick is None else round(measured[pick] / measured[best], 4),
     }
-    stem = args.out / f"{args.measured.name}"
+    stem = args.out or args.measured / "predicted"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     stem.with_suffix(".md").write_text(markdown(result))
     print(markdown(result))

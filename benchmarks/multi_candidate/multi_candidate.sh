@@ -15,9 +15,9 @@
 # accepted ~87% of the time at temperature 1.0, so the unbounded DP answer at every budget up
 # to 19 is the chain itself (printed below as the chain's predicted E[G] against the trees').
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 temperature="${TEMPERATURE:-1.0}"
-out="${OUT:-benchmarks/multi_candidate_t${temperature//./}}"
+out="${OUT:-$(bash benchmarks/peers/run_dir.sh multi_candidate t${temperature//./})}"
 for relation in iid without_replacement; do
   calibration="$out-calibration-$relation"  # beside the results: `draftwise bench` owns its --out directory
   if [ ! -f "$calibration/acceptance.json" ]; then

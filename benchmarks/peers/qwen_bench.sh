@@ -2,7 +2,7 @@
 # Shared launcher: the Qwen pair, greedy, 128 new tokens, one repeat, 2 threads.
 # Usage: qwen_bench.sh OUT_DIR --method ... [more bench flags]; WORKLOAD narrows the workload.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 out="$1"; shift
 exec .venv/bin/draftwise bench \
   --workload "${WORKLOAD:-humaneval:0-19}" \

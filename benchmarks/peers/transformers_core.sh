@@ -4,7 +4,7 @@
 # prompt lookup) side by side with draftwise plain, draft model and prompt lookup. The draft
 # model uses transformers' assisted-generation defaults (up to 20 tokens, 0.4 confidence stop)
 # so the two draft methods differ only in the engine.
-exec bash "$(dirname "$0")/qwen_bench.sh" benchmarks/transformers_core \
+exec bash "$(dirname "$0")/qwen_bench.sh" "${OUT:-$(bash "$(dirname "$0")/run_dir.sh" peers transformers)}" \
   --method dw-plain=dw:proposer=none,backend=transformers \
   --method dw-prompt-lookup=dw:proposer=prompt-lookup,backend=transformers \
   --method dw-draft=dw:proposer=draft-model,backend=transformers,k=20 \

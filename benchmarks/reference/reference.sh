@@ -7,9 +7,9 @@
 # with --resume to continue (finished (method, question) pairs are skipped).
 # Prompt lookup runs with and without the cost gate (gate=auto); REST runs gated only (ungated
 # it pays a whole tree verify every round: 0.24x plain on chat questions in a trial).
-# REST_INDEX: the chat datastore (see benchmarks/index/README.md for how it is built).
+# REST_INDEX: the chat datastore (see benchmarks/rest_index/README.md for how it is built).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 index="${REST_INDEX:-$HOME/.cache/draftwise/indexes/chat}"
 tf="backend=transformers"
 cpp="backend=llamacpp"
@@ -18,7 +18,7 @@ exec .venv/bin/draftwise bench \
   --workload "${WORKLOAD2:-spec-bench:40}" \
   --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b \
   --max-new-tokens 128 --temperature 0 --seed 0 --repeats 1 --threads 2 \
-  --out "${OUT:-benchmarks/reference}" \
+  --out "${OUT:-$(bash benchmarks/peers/run_dir.sh reference)}" \
   --method tf-dw-plain=dw:proposer=none,$tf \
   --method tf-dw-prompt-lookup=dw:proposer=prompt-lookup,$tf \
   --method tf-dw-prompt-lookup-gate=dw:proposer=prompt-lookup,$tf,gate=auto \

@@ -5,9 +5,9 @@
 # without the cost gate.  BACKEND picks the backend
 # (default llamacpp, the fastest plain decoder on this machine); WORKLOAD_CODE / WORKLOAD_CHAT
 # narrow the workloads (e.g. spec-bench:40 for 40 stratified questions of the packaged Spec-Bench split); RUNS picks the runs
-# (default "code chat"); extra flags (e.g. --resume) go to every run.  Indexes: see benchmarks/index/README.md.
+# (default "code chat"); extra flags (e.g. --resume) go to every run.  Indexes: see benchmarks/rest_index/README.md.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 backend="${BACKEND:-llamacpp}"
 indexes="${REST_INDEXES:-$HOME/.cache/draftwise/indexes}"
 run() {  # run OUT WORKLOAD INDEX [flags]
@@ -23,8 +23,8 @@ run() {  # run OUT WORKLOAD INDEX [flags]
 }
 for which in ${RUNS:-code chat}; do
   case "$which" in
-    code) run "benchmarks/rest_decoding_code_$backend" "${WORKLOAD_CODE:-humaneval:0-19}" "$indexes/code" "$@" ;;
-    chat) run "benchmarks/rest_decoding_chat_$backend" \
+    code) run "${OUT_CODE:-$(bash benchmarks/peers/run_dir.sh rest_decoding code-$backend)}" "${WORKLOAD_CODE:-humaneval:0-19}" "$indexes/code" "$@" ;;
+    chat) run "${OUT_CHAT:-$(bash benchmarks/peers/run_dir.sh rest_decoding chat-$backend)}" \
             "${WORKLOAD_CHAT:-spec-bench}" "$indexes/chat" "$@" ;;
     *) echo "RUNS: unknown run '$which' (expected code and/or chat)" >&2; exit 2 ;;
   esac

@@ -1,12 +1,13 @@
 """Benchmark the REST datastore: build cost, size, and query + trie + prune latency.
 
-    nice -n 10 python benchmarks/index/bench_index.py build --which code
-    nice -n 10 python benchmarks/index/bench_index.py build --which chat
-    python benchmarks/index/bench_index.py query          # both indexes, budgets 8/16/32/64
-    python benchmarks/index/bench_index.py table          # markdown for README.md
+    nice -n 10 python benchmarks/rest_index/bench_index.py build --which code
+    nice -n 10 python benchmarks/rest_index/bench_index.py build --which chat
+    python benchmarks/rest_index/bench_index.py query          # both indexes, budgets 8/16/32/64
+    python benchmarks/rest_index/bench_index.py table          # markdown for README.md
 
 Indexes go to ~/.cache/draftwise/indexes/{code,chat} (never into git); numbers are merged
-into benchmarks/index/results.json.  Tokenizer: Qwen2.5-Coder-1.5B's.  Both datastores
+into results.json of benchmarks/rest_index/runs/<machine>-<date>/ (--results overrides;
+`table` reads the newest run's).  Tokenizer: Qwen2.5-Coder-1.5B's.  Both datastores
 exclude HumanEval and the Spec-Bench development split.
 
 Queries: contexts cut at random positions of held-out text (HumanEval problems 0-79,
@@ -17,6 +18,7 @@ for what greedy verification would accept when the target reproduces the referen
 
 from __future__ import annotations
 
+import subprocess
 import argparse
 import gzip
 import json
@@ -39,7 +41,6 @@ from draftwise.proposers.retrieval.trie import build_trie, prune
 TARGET = "qwen2.5-coder-1.5b"
 ROOT = Path.home() / ".cache" / "draftwise" / "indexes"
 SPEC_BENCH = spec_bench_questions()  # the development split shipped in the package
-RESULTS = Path(__file__).with_name("results.json")
 BUDGETS = (8, 16, 32, 64)
 
 
@@ -161,18 +162,27 @@ def _pct(seconds: list[float], q: float) -> float:
     return round(float(np.percentile(np.array(seconds) * 1e3, q)), 4)
 
 
-def save(section: str, which: str, numbers: dict) -> None:
-    results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+def default_run_dir(variant: str = "") -> Path:
+    """benchmarks/<this study>/runs/<machine>-<date>[-VARIANT], named by benchmarks/peers/run_dir.sh."""
+    here = Path(__file__).resolve().parent
+    name = subprocess.run(["bash", str(here.parent / "peers" / "run_dir.sh"), here.name, *([variant] if variant else [])],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    return here.parents[1] / name
+
+
+def save(section: str, which: str, numbers: dict, path: Path) -> None:
+    results = json.loads(path.read_text()) if path.is_file() else {}
     results.setdefault(section, {})[which] = numbers
     # merged, so a note on how earlier builds ran stays with them
     results["machine"] = {**results.get("machine", {}), "cpus": os.cpu_count(), "platform": platform.platform(),
                           "python": platform.python_version()}
-    RESULTS.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
 
 
-def table() -> str:
+def table(path: Path) -> str:
     """Markdown tables of results.json (pasted into README.md)."""
-    results = json.loads(RESULTS.read_text())
+    results = json.loads(path.read_text())
     lines = ["| datastore | documents (excluded) | tokens | tokenize tok/s | index tok/s | build s | disk B/tok | mapped B/tok | verified load s |",
              "|---|---|---|---|---|---|---|---|---|"]
     for which, b in results.get("build", {}).items():
@@ -195,14 +205,16 @@ def main() -> None:
     parser.add_argument("step", choices=["build", "query", "table"])
     parser.add_argument("--which", choices=["code", "chat", "both"], default="both")
     parser.add_argument("--queries", type=int, default=2000)
+    parser.add_argument("--results", type=Path, help="results.json to merge into or read "
+                        "(default: this machine's run of today; for table, the newest run's)")
     args = parser.parse_args()
     if args.step == "table":
-        print(table())
+        print(table(args.results or max(Path(__file__).parent.glob("runs/*/results.json"), key=lambda p: p.stat().st_mtime)))
         return
     for which in (["code", "chat"] if args.which == "both" else [args.which]):
         numbers = build(which) if args.step == "build" else query(which, args.queries)
         print(json.dumps({which: numbers}, indent=2))
-        save(args.step, which, numbers)
+        save(args.step, which, numbers, args.results or default_run_dir() / "results.json")
 
 
 if __name__ == "__main__":

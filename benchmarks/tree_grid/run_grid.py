@@ -1,7 +1,7 @@
 """Predicted vs measured speedup of hardware-aware draft trees (issue 7), on the Qwen pair.
 
     .venv/bin/python benchmarks/tree_grid/run_grid.py [--backend llamacpp] [--tokens 64]
-    .venv/bin/python benchmarks/tree_grid/run_grid.py --temperature 1.0 --out benchmarks/tree_grid_t1
+    .venv/bin/python benchmarks/tree_grid/run_grid.py --temperature 1.0 --out benchmarks/tree_grid/runs/amd-epyc-2026-12-01-t1
 
 1. `auto_tree` measures the target's verify profile t(n) (n = 1..16) and the draft's own
    (verifies of 1..16 rows as chains; extends of 1..8 tokens for its catch-up), calibrates the 0.5B draft's positional acceptance on width-4 depth-1
@@ -16,11 +16,13 @@
    token over the tree's (the first round, which holds the draft's prompt prefill, excluded
    from both).  Greedy outputs are compared with plain greedy's; sampled ones cannot be.
 3. results.json, report.md and grid.png (measured and predicted speedup against tree size,
-   one line per depth) are written to --out (default: next to this script).
+   one line per depth) are written to --out (default: benchmarks/tree_grid/runs/<machine>-<date>-t<T>).
 """
 
 from __future__ import annotations
 
+import subprocess
+import os
 import argparse
 import logging
 import json
@@ -70,6 +72,14 @@ def steady_round_split(runs, step_s: float) -> dict[str, float]:
     return {"verify": verify / per, "propose": propose / per, "other": (total - verify - propose) / per}
 
 
+def default_run_dir(variant: str = "") -> Path:
+    """benchmarks/<this study>/runs/<machine>-<date>[-VARIANT], named by benchmarks/peers/run_dir.sh."""
+    here = Path(__file__).resolve().parent
+    name = subprocess.run(["bash", str(here.parent / "peers" / "run_dir.sh"), here.name, *([variant] if variant else [])],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    return here.parents[1] / name
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", default="llamacpp")
@@ -79,9 +89,14 @@ def main() -> None:
     parser.add_argument("--eval", default="humaneval:3-4")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed of every decode (temperature > 0)")
-    parser.add_argument("--out", type=Path, default=HERE, help="results, report, plot and cached artifacts")
+    parser.add_argument("--out", type=Path, help="results, report, plot and cached artifacts "
+                        "(default: benchmarks/tree_grid/runs/<machine>-<date>-t<T>; required with --report-only)")
     parser.add_argument("--report-only", action="store_true", help="rewrite report.md and grid.png from results.json")
     args = parser.parse_args()
+    if args.report_only and args.out is None:
+        parser.error("--report-only needs --out (the run directory)")
+    if args.out is None:
+        args.out = default_run_dir(f"t{args.temperature:g}".replace(".", ""))
     if args.report_only:
         result = json.loads((args.out / "results.json").read_text())
         write_report(result, args.out)
@@ -207,8 +222,7 @@ def write_report(result: dict, out: Path) -> None:
         command += f" --calibration {result['calibration']} --eval {result['eval']}"
     if result.get("tokens") != 64:
         command += f" --tokens {result['tokens']}"
-    if out.resolve() != HERE:
-        command += f" --out {out.resolve().relative_to(HERE.parent.parent)}"
+    command += f" --out {os.path.relpath(out.resolve(), HERE.parents[1])}"
     lines = [
         "# Hardware-aware trees: predicted vs measured (issue 7, reduced run)", "",
         f"Target `{result['target']}`, draft `{result['draft']}`, backend {result['backend']} ({result['machine']}), "
