@@ -1,5 +1,5 @@
 """The bench report states the invariance probe beside the mismatch counts, and flags a
-divergence that is not at a near-tie (ties.json, written by benchmarks/llamacpp_ties.py)."""
+divergence that is not at a near-tie (ties.json, written by benchmarks/llamacpp_exactness/llamacpp_ties.py)."""
 
 from draftwise.bench.report import _kernel_rounding
 

@@ -201,7 +201,7 @@ def _exactness(summary: dict, ties: dict) -> list[str]:
 
 
 def _kernel_rounding(ties: dict) -> list[str]:
-    """What `benchmarks/llamacpp_ties.py` found on replaying each divergence (ties.json): the
+    """What `benchmarks/llamacpp_exactness/llamacpp_ties.py` found on replaying each divergence (ties.json): the
     target's invariance statement, and whether every parting sits at a near-tie within its bound."""
     if not ties:
         return []
@@ -225,7 +225,7 @@ def render_report(summary: dict, plots: list[Path], ties: dict | None = None) ->
 
 
 def write_report(summary: dict, root: Path, plots: list[Path]) -> Path:
-    """report.md; a ties.json beside it (benchmarks/llamacpp_ties.py) adds its near-tie verdicts."""
+    """report.md; a ties.json beside it (benchmarks/llamacpp_exactness/llamacpp_ties.py) adds its near-tie verdicts."""
     ties_path = root / "ties.json"
     ties = json.loads(ties_path.read_text()) if ties_path.is_file() else {}
     path = root / "report.md"

@@ -10,7 +10,7 @@ proposer really runs (`draft_round_steps`): a draft on a CPU is compute-bound li
 target, so a wide level costs more than a narrow one, and a catch-up more the more tokens the
 last round published.  A flat c calibrated on width-4 trees priced a one-token chain's
 drafting at 2.7 target steps where the round-cost ledger measured 1.1 (T = 1, Qwen pair,
-llama.cpp, two threads; benchmarks/tree_grid_t1).
+llama.cpp, two threads; benchmarks/tree_grid/runs/amd-epyc-2026-12-01-t1).
 G(n, d) is Sequoia's optimum (`sequoia_dp`): expected tokens committed per round.  A longer
 acceptance length is worth nothing if verification and drafting eat it: the round cost, not
 G alone, decides, which is why every grid point is kept for plotting.
