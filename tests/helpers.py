@@ -56,7 +56,8 @@ def path_to(round_, row: int) -> list[int]:
 
 def make_spec(generation: Any = None, **options: Any) -> Any:
     """A DecoderSpec from the same KEY=VALUE options the CLI and the bench take."""
-    from draftwise.spec import DecoderSpec, spec_from_options
+    from draftwise.spec import DecoderSpec
+    from draftwise.parse import spec_from_options
 
     base = DecoderSpec() if generation is None else DecoderSpec(generation=generation)
     return spec_from_options({k: str(v) for k, v in options.items()}, base)

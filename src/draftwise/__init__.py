@@ -18,7 +18,7 @@ _EXPORTS = {
     "open_decoder": "draftwise.api",
     "Decoder": "draftwise.api",
     "DecoderSpec": "draftwise.spec",
-    "spec_from_options": "draftwise.spec",
+    "spec_from_options": "draftwise.parse",
     "GenerationConfig": "draftwise.engine",
     "GenerationResult": "draftwise.engine",
     "SamplingPolicy": "draftwise.sampling",
@@ -40,7 +40,8 @@ if TYPE_CHECKING:
     from draftwise.errors import ArtifactError, BackendError, ContractError, DraftwiseError, InputError, ModelError
     from draftwise.proposers.registry import DRAFTERS
     from draftwise.sampling import SamplingPolicy
-    from draftwise.spec import DecoderSpec, spec_from_options
+    from draftwise.spec import DecoderSpec
+    from draftwise.parse import spec_from_options
     from draftwise.stats import GenerationStats, RoundRecord
 
 

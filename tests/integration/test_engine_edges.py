@@ -169,7 +169,7 @@ def test_stop_string_completed_mid_round_cuts_the_rest_of_the_round(smol_target,
 def test_cost_gate_is_refused_in_front_of_a_residual_verifier(smol_target, smol_draft):
     """The gate's depth choice reads the proposal's rows, which depend on the drawn tokens:
     fine for greedy and membership, a bias for rejection sampling (refused before any work)."""
-    from draftwise.build import preflight
+    from draftwise.preflight import preflight
     from tests.helpers import make_spec
     from draftwise.gate import CostGateConfig
     from draftwise.cost_profile import VerifyCostProfile

@@ -17,7 +17,7 @@ from draftwise.optimize.kangaroo_auto import DATA, KangarooAutoSettings, auto_ka
 from draftwise.optimize.kangaroo_tune import ETA_GRID
 from draftwise.proposers.family import DrafterResources
 from draftwise.proposers.kangaroo import AutoAdapter, AutoEta, KangarooConfig, open_kangaroo
-from draftwise.resolve import check, resolve_kangaroo
+from draftwise.plan import check, resolve_kangaroo
 from draftwise.sampling import SamplingPolicy
 from draftwise.verify.registry import make_verifier
 from tests.helpers import make_spec
@@ -160,7 +160,8 @@ def test_the_candidates_are_timed_by_decoding_them(target, adapters, tmp_path):
 
 
 def test_eta_and_adapter_auto_parse_and_the_old_refusals_stand(target, adapters):
-    from draftwise.spec import DecoderSpec, spec_from_options
+    from draftwise.spec import DecoderSpec
+    from draftwise.parse import spec_from_options
 
     assert KangarooConfig().eta == 0.6 and KangarooConfig().adapter is None  # auto is never the default
     spec = kangaroo_spec(adapters[2])

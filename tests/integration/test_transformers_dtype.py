@@ -10,10 +10,12 @@ import torch
 from draftwise.api import open_decoder
 from draftwise.backends import dtype as dtype_module
 from draftwise.backends.dtype import DtypeTiming, choose_dtype
-from draftwise.build import load_backend, preflight
+from draftwise.backends.load import load_backend
+from draftwise.preflight import preflight
 from draftwise.engine import GenerationConfig
 from draftwise.errors import InputError
-from draftwise.spec import DecoderSpec, spec_from_options
+from draftwise.spec import DecoderSpec
+from draftwise.parse import spec_from_options
 
 WORDS = [f"w{i}" for i in range(28)]
 PROMPT = "w1 w2 w3 w4 w1 w2 w3 w4 w1 w2 w3 w4 w5 w6 w7 w1 w2 w3"

@@ -4,7 +4,7 @@ import json
 
 from typer.testing import CliRunner
 
-from draftwise.bench.cli import bench_app
+from draftwise.cli.bench import bench_app
 from draftwise.bench.compare import compare, method_differences, settings_differences
 
 

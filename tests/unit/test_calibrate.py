@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from draftwise.artifacts import read_manifest
-from draftwise.build import planned_contracts, preflight
-from draftwise.resolve import read_tree_artifact
+from draftwise.preflight import planned_contracts, preflight
+from draftwise.plan import read_tree_artifact
 from tests.helpers import make_spec
 from draftwise.cli import app
 from draftwise.contracts import TopologyKind
@@ -201,7 +201,7 @@ def test_tampered_tree_artifact_is_refused(tmp_path):
 
 
 def test_limits_grow_to_the_configured_draft_so_no_drafted_token_goes_unverified():
-    from draftwise.build import fitted_generation
+    from draftwise.spec import fitted_generation
 
     default = GenerationConfig()
     chain = make_spec(proposer="draft-model", k=20)

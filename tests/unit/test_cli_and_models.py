@@ -124,7 +124,7 @@ def test_profile_refuses_bad_input_with_a_message_not_a_traceback(tmp_path, args
 
 
 def test_a_user_error_is_one_message_and_exit_2_while_a_bug_keeps_its_traceback(monkeypatch):
-    import draftwise.cli as cli
+    import draftwise.cli.generate as cli
 
     out = refuse("--proposer", "magic")
     assert out.startswith("error:") and "Traceback" not in out

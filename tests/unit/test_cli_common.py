@@ -2,7 +2,7 @@
 
 import pytest
 
-from draftwise.cli_common import split_settings, split_training_settings
+from draftwise.cli.common import split_settings, split_training_settings
 from draftwise.errors import InputError
 
 

@@ -9,7 +9,8 @@ from draftwise.engine import GenerationConfig
 from draftwise.errors import InputError
 from draftwise.proposers.registry import DRAFTERS
 from draftwise.sampling import SamplingPolicy
-from draftwise.spec import DecoderSpec, spec_from_options
+from draftwise.spec import DecoderSpec
+from draftwise.parse import spec_from_options
 from tests.integration.tiny_models import PROMPT, tiny_backend
 from tests.toy import repeat_last
 

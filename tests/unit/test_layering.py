@@ -1,112 +1,241 @@
-"""The layers of the package, checked on its source: no module imports a layer above its own
-(lazy imports inside functions included), and the top-level imports form no cycle.
+"""The package's layers, checked on its source and on a traced call: no import cycle (lazy and
+TYPE_CHECKING imports included), no import up a layer, and `open_decoder`'s walk of a spec
+straight down the stages (parse -> plan -> build), the build stage entered once.
 
-    core      contracts, sampling, topology, verify, backends, proposers, engine, gate, ...
-    build     spec (typed configurations), build (a concrete spec -> a decoder)
-    planning  optimize, oracles, training (measure, calibrate, replay, choose, train)
-    app       resolve (every auto -> a recorded choice), api (open_decoder)
-    bench     the benchmark harness
-    cli       the commands
-"""
+    0  cli        the commands
+    1  tools      bench, oracles, training (they call the library; the library never calls them)
+    2  api        open_decoder: parse -> plan -> build
+    3  parse      option strings -> a typed DecoderSpec, once, at the edge
+    4  plan       every auto resolved (check, load, resolve)
+    5  optimize   the planner's measurements and searches
+    6  build      a concrete spec on loaded backends -> a decoder; preflight (refusals before loading)
+    7  runtime    spec, engine, gate, sampling, verify, topology, proposers, backends, heads, ...
+
+A module may import its own layer and those below it, never one above.  The walk is traced
+call by call: a call from a module into a module of a higher layer is a climb back up."""
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
 
-import draftwise
+SRC = Path(__file__).resolve().parents[2] / "src"
+PACKAGE = SRC / "draftwise"
 
-ROOT = Path(draftwise.__file__).parent
-LAYERS = ("core", "build", "planning", "app", "bench", "cli")
-# inside the core, the roles that may not reach each other (a backend runs a model, a verifier
+LAYERS = (("draftwise.cli", 0), ("draftwise.bench", 1), ("draftwise.oracles", 1), ("draftwise.training", 1),
+          ("draftwise.api", 2),
+          ("draftwise.parse", 3), ("draftwise.plan", 4), ("draftwise.optimize", 5), ("draftwise.build", 6),
+          ("draftwise.preflight", 6))
+RUNTIME = 7
+# inside the runtime, the roles that may not reach each other (a backend runs a model, a verifier
 # reads logits: neither knows proposers or the round loop)
-CORE_FORBIDDEN = {
+RUNTIME_FORBIDDEN = {
     "backends": ("verify", "proposers", "engine", "gate"),
     "verify": ("backends", "proposers", "engine", "gate"),
     "topology": ("verify", "backends", "proposers", "engine", "gate"),
 }
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+def layer(module: str) -> int:
+    for prefix, rank in LAYERS:
+        if module == prefix or module.startswith(prefix + "."):
+            return rank
+    return RUNTIME
 
 
-def layer_of(module: str) -> str:
-    parts = module.split(".")
-    head = parts[1] if len(parts) > 1 else ""
-    if module == "draftwise":  # the package facade re-exports the public API
-        return "app"
-    if head in ("spec", "build"):
-        return "build"
-    if head in ("optimize", "oracles", "training"):
-        return "planning"
-    if head in ("resolve", "api"):
-        return "app"
-    if head == "bench":
-        return "bench"
-    if head.startswith("cli"):
-        return "cli"
-    return "core"
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(path.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__")
+        found[name] = path
+    return found
 
 
-def imports(path: Path, top_level_only: bool = False) -> set[str]:
-    tree = ast.parse(path.read_text())
-    nodes = tree.body if top_level_only else list(ast.walk(tree))
-    found: set[str] = set()
-    for node in nodes:
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
-        elif isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-    modules = {m for m in found if m.startswith("draftwise.")}
-    return {m for m in modules if _exists(m)}
+def imports(path: Path, known: dict[str, Path]) -> list[tuple[str, int]]:
+    """(module, line) of every draftwise module `path` imports anywhere: at the top, under
+    TYPE_CHECKING or inside a function (a lazy import is still a dependency)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names if a.name in known]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                name = full if full in known else node.module
+                if name in known:
+                    out.append((name, node.lineno))
+    return out
 
 
-def _exists(module: str) -> bool:
-    path = ROOT.parent.joinpath(*module.split("."))
-    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+def import_graph() -> dict[str, set[str]]:
+    known = modules()
+    return {m: {t for t, _ in imports(p, known) if t != m} for m, p in known.items()}
 
 
-SOURCES = sorted(ROOT.rglob("*.py"))
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
 
 
-@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
-def test_no_module_imports_a_layer_above_its_own(path):
-    me = module_name(path)
-    mine = LAYERS.index(layer_of(me))
-    upward = sorted(m for m in imports(path) if LAYERS.index(layer_of(m)) > mine)
-    assert not upward, f"{me} ({layer_of(me)}) imports {upward}"
-    role = me.split(".")[1] if me.count(".") else ""
-    if layer_of(me) == "core" and role in CORE_FORBIDDEN:
-        crossing = sorted(m for m in imports(path) if m.split(".")[1] in CORE_FORBIDDEN[role])
-        assert not crossing, f"{me} imports {crossing}"
+def test_the_package_has_no_import_cycle():
+    assert cycles(import_graph()) == []
 
 
-def test_top_level_imports_form_no_cycle():
-    graph = {module_name(p): {m for m in imports(p, top_level_only=True) if m != module_name(p)} for p in SOURCES}
-    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+def test_the_cycle_finder_finds_a_planted_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
 
-    def visit(node: str, stack: list[str]) -> None:
-        state[node] = 1
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == 1:
-                cycle = stack[stack.index(nxt):] + [nxt] if nxt in stack else [node, nxt]
-                raise AssertionError("import cycle: " + " -> ".join(cycle))
-            if nxt not in state:
-                visit(nxt, [*stack, nxt])
-        state[node] = 2
 
-    for node in sorted(graph):
-        if node not in state:
-            visit(node, [node])
+def test_no_module_imports_a_layer_above_its_own():
+    known = modules()
+    upward = [f"{m} (layer {layer(m)}) imports {t} (layer {layer(t)}) at line {line}"
+              for m, p in sorted(known.items()) if m != "draftwise"
+              for t, line in imports(p, known) if t != "draftwise" and layer(t) < layer(m)]
+    assert upward == []
+
+
+def test_runtime_roles_do_not_reach_each_other():
+    known = modules()
+    crossing = [f"{m} imports {t}" for m, p in sorted(known.items()) if layer(m) == RUNTIME and m.count(".")
+                for t, _ in imports(p, known)
+                if t.count(".") and t.split(".")[1] in RUNTIME_FORBIDDEN.get(m.split(".")[1], ())]
+    assert crossing == []
 
 
 def test_the_checker_catches_a_planted_upward_import(tmp_path):
     planted = tmp_path / "engine.py"
     planted.write_text("def f():\n    from draftwise.optimize.auto import auto_tree\n")
-    upward = [m for m in imports(planted) if LAYERS.index(layer_of(m)) > LAYERS.index("core")]
-    assert upward == ["draftwise.optimize.auto", "draftwise.optimize.auto.auto_tree"][:len(upward)] and upward
+    found = imports(planted, modules())
+    assert [(t, layer(t)) for t, _ in found] == [("draftwise.optimize.auto", 5)] and layer("draftwise.engine") > 5
+
+
+def test_the_stage_modules_sit_in_their_layers():
+    """A planted rename (plan back into the runtime layer) must not pass unnoticed."""
+    assert [layer(m) for m in ("draftwise.cli.main", "draftwise.api", "draftwise.parse", "draftwise.plan",
+                               "draftwise.optimize.auto", "draftwise.build", "draftwise.engine")] == [0, 2, 3, 4, 5, 6, 7]
+    assert all(m in modules() for m in ("draftwise.api", "draftwise.parse", "draftwise.plan", "draftwise.build"))
+
+
+class Walk:
+    """Every call from one draftwise module into another while tracing: (caller, callee)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def _module(self, frame) -> str | None:
+        filename = frame.f_code.co_filename
+        try:
+            rel = Path(filename).resolve().relative_to(SRC)
+        except ValueError:
+            return None
+        return ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
+
+    def __call__(self, frame, event, arg) -> None:
+        if event != "call":
+            return
+        callee = self._module(frame)
+        if callee is None:
+            return
+        caller_frame = frame.f_back
+        while caller_frame is not None and self._module(caller_frame) is None:
+            caller_frame = caller_frame.f_back
+        caller = self._module(caller_frame) if caller_frame is not None else None
+        if caller is not None and caller != callee:
+            self.calls.append((caller, callee))
+
+    def climbs(self) -> list[tuple[str, str]]:
+        return [(a, b) for a, b in self.calls if layer(b) < layer(a)]
+
+    def entries(self, module: str) -> int:
+        return sum(1 for a, b in self.calls if b == module)
+
+    def stays(self) -> list[str]:
+        """The stage files the walk passes through, in order (consecutive repeats merged)."""
+        seq: list[str] = []
+        for _, callee in self.calls:
+            if layer(callee) < RUNTIME and (not seq or seq[-1] != callee):
+                seq.append(callee)
+        return seq
+
+
+def traced(fn):
+    walk = Walk()
+    sys.setprofile(walk)
+    try:
+        result = fn()
+    finally:
+        sys.setprofile(None)
+    return walk, result
+
+
+def test_the_walk_tracer_sees_real_calls_and_a_planted_climb():
+    from draftwise import plan as plan_module
+    from draftwise.spec import DecoderSpec
+
+    traced_walk, _ = traced(lambda: plan_module.check(DecoderSpec()))
+    assert ("draftwise.plan", "draftwise.preflight") in traced_walk.calls and traced_walk.climbs() == []
+    planted = Walk()
+    planted.calls = [("draftwise.api", "draftwise.build"), ("draftwise.engine", "draftwise.plan")]
+    assert planted.climbs() == [("draftwise.engine", "draftwise.plan")] and planted.entries("draftwise.build") == 1
+
+
+@pytest.fixture(scope="module")
+def tiny_with_profile(tmp_path_factory):
+    from draftwise.backends.profile import write_profile
+    from tests.integration.tiny_models import tiny_backend
+
+    target = tiny_backend(0)
+    directory = tmp_path_factory.mktemp("profile")
+    write_profile(target, directory, prefix_len=8, rows=(1, 2, 4), repeats=1)
+    return target, directory
+
+
+def test_open_decoder_walks_the_spec_straight_down(tiny_with_profile):
+    from draftwise.api import open_decoder
+
+    target, profile = tiny_with_profile
+    from draftwise.engine import GenerationConfig
+    from draftwise.spec import DecoderSpec
+
+    base = DecoderSpec(backend="transformers", generation=GenerationConfig(max_new_tokens=4))
+    walk, decoder = traced(lambda: open_decoder(base, loader=lambda model, backend, role: target,
+                                                proposer="prompt-lookup", gate=str(profile)))
+    assert decoder.spec.gate is not None and decoder.verifier == "greedy"
+    assert walk.climbs() == [], walk.calls
+    assert walk.entries("draftwise.build") == 1, walk.calls
+    stages = [s for s in walk.stays() if s in ("draftwise.parse", "draftwise.plan", "draftwise.build")]
+    assert stages[:3] == ["draftwise.parse", "draftwise.plan", "draftwise.build"], walk.stays()
+    assert stages.count("draftwise.parse") == 1 and stages.count("draftwise.build") == 1, walk.stays()

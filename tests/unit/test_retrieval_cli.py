@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from draftwise.cli_index import index_app
+from draftwise.cli.index import index_app
 
 pytestmark = pytest.mark.model  # loads the smollm2-135m tokenizer (cached after the first use)
 

@@ -5,7 +5,8 @@ import pytest
 from draftwise.bench.methods import MethodDefaults, parse_method
 from draftwise.engine import GenerationConfig
 from draftwise.errors import InputError
-from draftwise.spec import Strict, spec_from_options
+from draftwise.spec import Strict
+from draftwise.parse import spec_from_options
 
 
 def scope(**options: str):

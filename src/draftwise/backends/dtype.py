@@ -48,7 +48,7 @@ def check_dtype(name: str, allowed: tuple[str, ...] = DTYPES) -> str:
     """`name` if it is one of `allowed`, else an InputError naming the choices."""
     if name in DTYPES and name not in allowed:
         raise InputError(f"dtype {name!r} is not taken here (choose one of {' | '.join(allowed)}); "
-                         "auto is settled by measurement in draftwise.build.load_backend")
+                         "auto is settled by measurement in draftwise.backends.load.load_backend")
     if name not in allowed:
         raise InputError(f"unknown dtype {name!r}; choose one of {' | '.join(allowed)}")
     return name
@@ -92,7 +92,7 @@ class DtypeDecision:
 
 
 def default_cache_root() -> Path:
-    """Beside the other measured `auto` choices (`draftwise.resolve.auto_cache_root`)."""
+    """Beside the other measured `auto` choices (`draftwise.plan.auto_cache_root`)."""
     from draftwise.models import cache_dir
 
     return cache_dir().parent / "auto"

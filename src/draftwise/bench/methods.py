@@ -30,12 +30,13 @@ from pathlib import Path
 
 from draftwise.backends.dtype import DEFAULT_DTYPE, DtypeChoice
 from draftwise.bench.pool import llama_logits_all
-from draftwise.build import choose_backend
+from draftwise.backends.load import choose_backend
 from draftwise.engine import GenerationConfig
 from draftwise.errors import DraftwiseError, InputError
 from draftwise.models import resolve
-from draftwise.resolve import check
-from draftwise.spec import DecoderSpec, int_value, spec_from_options
+from draftwise.plan import check
+from draftwise.spec import DecoderSpec
+from draftwise.parse import int_value, spec_from_options
 
 PEERS = ("hf-plain", "hf-assisted", "hf-prompt-lookup", "llamacpp-plain", "llamacpp-prompt-lookup")
 PEER_BACKEND = {p: ("transformers" if p.startswith("hf-") else "llamacpp") for p in PEERS}
@@ -132,7 +133,11 @@ def _read_config(config: str) -> tuple[str, dict[str, str]]:
     if path.suffix in (".json", ".toml"):
         if not path.is_file():
             raise MethodError(f"method config file {path} not found")
-        loaded = json.loads(path.read_text()) if path.suffix == ".json" else tomllib.loads(path.read_text())
+        try:
+            text = path.read_text(encoding="utf-8")
+            loaded = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+        except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON / TOML
+            raise MethodError(f"method config file {path} cannot be read as {path.suffix[1:].upper()}: {exc}") from exc
         if not isinstance(loaded, dict):
             raise MethodError(f"{path}: a method config is a table of keys")
         kind = str(loaded.pop("method", "dw"))

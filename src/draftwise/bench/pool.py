@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from draftwise.backends.base import Backend
 from draftwise.backends.dtype import DEFAULT_DTYPE, DtypeChoice
 from draftwise.errors import ModelError
-from draftwise.build import load_backend
+from draftwise.backends.load import load_backend
 
 if TYPE_CHECKING:
     from draftwise.backends.invariance import StrictScope

@@ -20,17 +20,13 @@ untrained step leaves the state unchanged.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
 from draftwise.errors import InputError
 from draftwise.heads.blocks import ResBlock, RMSNorm, attention_heads
+from draftwise.heads.config import HeadArch
 from draftwise.heads.prefix import PrefixLayer
-
-if TYPE_CHECKING:
-    from draftwise.heads.arch import HeadArch
 
 
 class RegressiveAttention(nn.Module):
@@ -55,7 +51,7 @@ class RegressiveAttention(nn.Module):
 
 
 class CloverHeads(nn.Module):
-    def __init__(self, arch: "HeadArch") -> None:
+    def __init__(self, arch: HeadArch) -> None:
         super().__init__()
         self.arch = arch
         d = arch.hidden_size

@@ -30,7 +30,9 @@ from typing import Sequence
 
 from draftwise.artifacts import stable_hash, write_manifest
 from draftwise.backends.base import Backend
-from draftwise.build import build_decoder, fitted_generation, make_proposers, preflight, proposal_shape
+from draftwise.build import build_decoder, make_proposers
+from draftwise.spec import fitted_generation, proposal_shape
+from draftwise.preflight import preflight
 from draftwise.errors import DraftwiseError, InputError
 from draftwise.spec import AutoDrafter, AutoGate, DecoderSpec, GateProfile
 from draftwise.engine import GenerationConfig

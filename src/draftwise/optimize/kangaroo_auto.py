@@ -1,7 +1,7 @@
 """`--proposer kangaroo` with `eta=auto` and/or `adapter=auto`: the early-exit threshold and the
 exit layer (one adapter per exit layer) chosen before decoding by measured seconds per committed
 token, as `draftwise adapter tune` chooses them (`tune_kangaroo`, the same default grid
-`ETA_GRID`), on the calibration prompts `draftwise.resolve` gives every `auto`, with a small
+`ETA_GRID`), on the calibration prompts `draftwise.plan` gives every `auto`, with a small
 token budget (a choice that takes longer to measure than it saves would defeat its purpose).
 
 The measurements and the choice are an artifact under `CACHE_ROOT/kangaroo/<hash>`, keyed by

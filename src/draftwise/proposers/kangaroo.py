@@ -9,7 +9,7 @@ probability, the paper's rule), or a tree level by level.  Sampled drafts carry 
 normalized q (exact under rejection and SpecInfer); greedy drafts are its argmax.
 
 `eta=auto` and `adapter=auto` (`AutoEta`, `AutoAdapter`) are chosen by measured time per
-committed token before decoding (`draftwise.resolve`, `optimize.kangaroo_auto`); this module
+committed token before decoding (`draftwise.plan`, `optimize.kangaroo_auto`); this module
 only parses and carries them, and refuses to draft with one left unresolved.
 """
 
@@ -98,7 +98,7 @@ class KangarooConfig:
 
     @property
     def unresolved(self) -> tuple[str, ...]:
-        """The keys still `auto` (to be measured by `draftwise.resolve` before decoding)."""
+        """The keys still `auto` (to be measured by `draftwise.plan` before decoding)."""
         return tuple(key for key, value in (("adapter", self.adapter), ("eta", self.eta))
                      if isinstance(value, (AutoAdapter, AutoEta)))
 

@@ -1,7 +1,7 @@
 """What a `tree` option names, typed: a template, a `tree optimize` artifact, or `auto`.
 
 Parsed once from the user's text (`parse_tree`); everything after reads the type.  Only a
-`TreeTemplate` is drawn from: `draftwise.resolve` turns an artifact into its template (after
+`TreeTemplate` is drawn from: `draftwise.plan` turns an artifact into its template (after
 checking the sampling policy it was optimized for) and `auto` into the artifact it chooses.
 """
 

@@ -22,7 +22,7 @@ from draftwise.logs import progress_to
 from draftwise.optimize.calibrate import calibrated_families, calibration_spec
 from draftwise.sampling import SamplingPolicy
 from draftwise.spec import DecoderSpec
-from draftwise.cli_common import fail as _fail
+from draftwise.cli.common import fail as _fail
 
 tree_app = typer.Typer(help="Hardware-aware trees: optimize a draft tree from measured artifacts.", no_args_is_help=True)
 err = Console(stderr=True)
@@ -49,10 +49,14 @@ def calibrate(
     """Measure positional acceptance p_j (and the proposer's cost per depth) by real verification."""
     from draftwise.workloads import messages_for, parse_workload
     from draftwise.optimize.calibrate import calibrate as run_calibration
-    from draftwise.resolve import check
+    from draftwise.plan import check
     from draftwise.optimize.calibrate import calibration_provenance, profile_from_counts
 
+    from draftwise.artifacts import check_out
+    from draftwise.optimize.acceptance import ARTIFACT_KIND
+
     try:
+        check_out(out, ARTIFACT_KIND)  # before a model is loaded or a prompt decoded
         policy = SamplingPolicy(temperature=temperature, top_k=top_k, top_p=top_p)
         spec = calibration_spec(target, backend, threads, proposer, draft, width, depth, relation, policy,
                                 max_new_tokens, seed)
@@ -94,9 +98,11 @@ def optimize(
     out: Path = typer.Option(..., help="Directory for the tree artifact."),
 ) -> None:
     """Pick (n, d) and the Sequoia tree with the least predicted time per committed token."""
-    from draftwise.optimize.select import FLAT_DRAFT_MODEL, optimize_from_artifacts
+    from draftwise.artifacts import check_out
+    from draftwise.optimize.select import ARTIFACT_KIND, FLAT_DRAFT_MODEL, optimize_from_artifacts
 
     try:
+        check_out(out, ARTIFACT_KIND)  # before the inputs are read and the search runs
         choice, manifest = optimize_from_artifacts(acceptance, profile, out, max_depth=max_depth, max_nodes=max_nodes,
                                                    draft_cost=draft_cost, draft_profile_dir=draft_profile,
                                                    draft_catch_up_dir=draft_catch_up)

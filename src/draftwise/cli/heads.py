@@ -13,7 +13,7 @@ from rich.console import Console
 from draftwise.errors import DraftwiseError, InputError
 from draftwise.logs import progress_to
 from draftwise.options import parse_config
-from draftwise.cli_common import fail as _fail, split_training_settings
+from draftwise.cli.common import fail as _fail, split_training_settings
 
 heads_app = typer.Typer(help="Draft heads (Medusa, Hydra, Hydra++, Clover): train, info, import, export.",
                         no_args_is_help=True)
@@ -101,7 +101,7 @@ def import_heads(
 ) -> None:
     """Import Medusa heads from FasterDecoding/Medusa, text-generation-inference or vLLM (safetensors
     only: a .pt/.bin pickle is refused, never loaded)."""
-    from draftwise.build import load_backend
+    from draftwise.backends.load import load_backend
     from draftwise.heads.interchange import import_medusa
 
     try:
@@ -131,7 +131,7 @@ def export_heads(
 ) -> None:
     """Export a Medusa head set in vLLM's layout.  vLLM drafts a top-1 chain through the heads;
     the tree (medusa_choices.json) is for runtimes that take Medusa choices."""
-    from draftwise.build import load_backend
+    from draftwise.backends.load import load_backend
     from draftwise.heads.interchange import export_vllm
     from draftwise.optimize.select import load_tree_artifact
     from draftwise.topology.tree_spec import TreeArtifact, TreeTemplate, parse_tree

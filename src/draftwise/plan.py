@@ -1,29 +1,35 @@
-"""Every `auto` of a spec turned into a concrete, recorded choice.
+"""Planning: every `auto` of a spec turned into a concrete, recorded choice.
 
-Four things may be left to measurement: the proposer (`AutoDrafter`: replay every candidate
-on plain traces), a draft tree (`AutoTree`: calibrate, profile and optimize, cached), Kangaroo's
-early exit and exit layer (`eta=auto`, `adapter=auto`: decode each candidate and time it,
-cached), and the cost gate (`AutoGate`: the target's verify profile, cached).  A fifth, the transformers
-dtype, is measured by the loader (it decides which weights to load) and only recorded here.  A tree artifact is read here
-too, so that `build` only ever sees templates.  `check` refuses before any model is loaded
-what `resolve` could not settle afterwards.  This module plans, so it sits above
-`optimize`; the CLI, the bench and the public API call it through `api.open_decoder`.
+The middle stage of `open_decoder`'s one pass down (parse -> plan -> build).  `plan` checks
+the spec before anything is loaded (`check`), loads the backends, and settles what was left
+to measurement (`resolve`), handing `draftwise.build` a `Plan`.  Four things may be left to
+measurement: the proposer (`AutoDrafter`: replay every candidate on plain traces), a draft
+tree (`AutoTree`: calibrate, profile and optimize, cached), Kangaroo's early exit and exit
+layer (`eta=auto`, `adapter=auto`: decode each candidate and time it, cached), and the cost
+gate (`AutoGate`: the target's verify profile, cached).  A fifth, the transformers dtype, is
+measured by the loader (it decides which weights to load) and only recorded here.  A tree
+artifact is read here too, so that `build` only ever sees templates.  This module calls the
+planning tools in `draftwise.optimize` and the stages below them; nothing below calls it.
 """
 
 from __future__ import annotations
 
 import logging
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Sequence, cast
 
 from draftwise.backends.base import Backend
-from draftwise.build import preflight
+from draftwise.backends.dtype import DtypeChoice
+from draftwise.backends.load import Loader, default_loader
+from draftwise.build import Plan
 from draftwise.errors import InputError
 from draftwise.models import cache_dir
+from draftwise.preflight import preflight
 from draftwise.proposers.kangaroo import AutoAdapter, AutoEta, KangarooConfig
-from draftwise.spec import CALIBRATION_WORKLOAD, AutoDrafter, AutoGate, DecoderSpec, DrafterSpec, GateProfile
+from draftwise.spec import (CALIBRATION_WORKLOAD, AutoDrafter, AutoGate, Choice, DecoderSpec, DrafterSpec, GateProfile,
+                            fitted_generation, proposal_shape)
 from draftwise.topology.templates import from_paths
 from draftwise.topology.tree_spec import AutoTree, TreeArtifact, TreeTemplate
 from draftwise.workloads import first_turn_prompts
@@ -33,17 +39,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)  # progress lines (the CLI shows INFO)
 
-@dataclass(frozen=True)
-class Choice:
-    """One `auto` settled: what was asked, what was chosen, and the evidence (table or artifact)."""
-
-    what: str  # "proposer", "tree", "adapter", "eta", "gate" or "dtype"
-    chosen: str
-    detail: str = ""
-
-
 def auto_cache_root() -> Path:
     return cache_dir().parent / "auto"
+
+
+def plan(spec: DecoderSpec, loader: Loader | None = None, calibration: str = CALIBRATION_WORKLOAD,
+         cache_root: Path | None = None) -> Plan:
+    """Check `spec`, load its backends (`loader`: by default `load_backend` with the spec's
+    threads, device, dtype and strict scope) and resolve every `auto`: what `build` builds."""
+    check(spec)
+    load = loader or default_loader(spec.threads, spec.device, spec.dtype, spec.strict_scope)
+    target = load(spec.target, spec.backend, "target")
+    draft = load(spec.draft, spec.backend, "draft") if spec.draft and spec.uses_draft_model else None
+    resolved, choices = resolve(spec, target, draft, cache_root=cache_root, calibration=calibration)
+    return Plan(resolved, spec, target, draft, choices)
 
 
 # ---- before loading ------------------------------------------------------------------------
@@ -128,7 +137,7 @@ def _record_dtype(spec: DecoderSpec, target: Backend, draft: Backend | None, cho
             details.append(f"{role} {backend.info.checkpoint}: {backend.info.dtype}"
                            + (f" ({decision.describe()})" if decision is not None else ""))
     choices.append(Choice("dtype", target.info.dtype, "; ".join(details)))
-    return replace(spec, dtype=target.info.dtype)
+    return replace(spec, dtype=cast(DtypeChoice, target.info.dtype))  # a concrete dtype, checked above
 
 
 def _resolve_proposer(spec: DecoderSpec, target: Backend, draft: Backend | None, root: Path,
@@ -212,8 +221,6 @@ def _with_template(spec: DecoderSpec, template: TreeTemplate) -> DecoderSpec:
 
 def gate_rows_needed(spec: DecoderSpec) -> int:
     """The most rows a round of this (concrete) configuration verifies, the pending one included."""
-    from draftwise.build import fitted_generation, proposal_shape
-
     nodes, _ = proposal_shape(spec)  # (0, 0) when unknown in advance: the tree limit bounds it
     limit = fitted_generation(spec).limits.max_nodes
     return 1 + (min(nodes, limit) if nodes else limit)

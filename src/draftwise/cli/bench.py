@@ -1,4 +1,4 @@
-"""`draftwise bench`: a typer sub-app.  Wire it with `app.add_typer(bench_app, name="bench")`.
+"""`draftwise bench`: a typer sub-app over `draftwise.bench` (the protocol, metrics and report live there).
 
 `draftwise bench --workload ... --method ... --out DIR` runs (the callback does the work
 when no subcommand is given); `draftwise bench compare A B` compares two result directories.
@@ -17,13 +17,13 @@ from rich.table import Table
 
 from draftwise.backends.dtype import DEFAULT_DTYPE
 from draftwise.bench.methods import PEERS
+from draftwise.cli.common import err, fail
 from draftwise.errors import DraftwiseError
-from draftwise.build import default_threads
+from draftwise.backends.load import default_threads
 from draftwise.engine import GenerationConfig
 from draftwise.models import DEFAULT_MODEL
 
 bench_app = typer.Typer(help="Benchmark draftwise methods against plain decoding and peers (Spec-Bench protocol).")
-err = Console(stderr=True)
 
 METHOD_HELP = (
     "NAME=CONFIG (repeatable). CONFIG: dw[:key=value,...] (keys: proposer, backend, verifier, target, draft, k, "
@@ -34,9 +34,6 @@ METHOD_HELP = (
 )
 
 
-def _fail(message: str) -> None:
-    err.print(f"[bold red]error:[/] {message}")
-    raise typer.Exit(2)
 
 
 @bench_app.callback(invoke_without_command=True)
@@ -69,10 +66,10 @@ def run(
     from draftwise.bench.runner import BenchSettings
 
     if out is None:
-        _fail("--out DIR is required")
+        fail("--out DIR is required")
     if summarize_only:
         if not (out / "run.json").is_file():
-            _fail(f"{out} holds no benchmark run (no run.json)")
+            fail(f"{out} holds no benchmark run (no run.json)")
         summary = finish(out)
         _print_summary(summary, out)
         return
@@ -83,7 +80,7 @@ def run(
         summary = run_bench(settings, out, resume=resume, console=err, show_progress=not quiet,
                             retry_failures=retry_failures)
     except DraftwiseError as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     _print_summary(summary, out)
 
@@ -116,7 +113,7 @@ def compare_cmd(
     try:
         sa, sb = load_summary(a), load_summary(b)
     except FileNotFoundError as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     changes, only_a, only_b = compare(sa, sb, categories)
     differences = settings_differences(sa, sb)

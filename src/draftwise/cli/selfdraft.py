@@ -13,7 +13,7 @@ from rich.console import Console
 from draftwise.errors import DraftwiseError, InputError
 from draftwise.logs import progress_to
 from draftwise.options import config_keys, parse_config
-from draftwise.cli_common import dim as _dim, fail as _fail, split_settings as _split, split_training_settings
+from draftwise.cli.common import dim as _dim, fail as _fail, split_settings as _split, split_training_settings
 
 skip_app = typer.Typer(help="Draft & Verify skip sets: search, info.", no_args_is_help=True)
 err = Console(stderr=True)
@@ -31,7 +31,7 @@ def search(
     dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16"),
 ) -> None:
     """Search the skip set minimizing measured seconds per committed token (optuna TPE); resumable."""
-    from draftwise.build import load_backend
+    from draftwise.backends.load import load_backend
     from draftwise.optimize.skip_search import SearchRecipe, development_prompts, search_skip, write_search
     from draftwise.workloads import parse_workload
     from draftwise.proposers.layer_skip import LayerSkipConfig
@@ -166,7 +166,7 @@ def adapter_tune(
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads"),
 ) -> None:
     """Choose the exit layer (adapter) and eta by measured seconds per committed token."""
-    from draftwise.build import load_backend
+    from draftwise.backends.load import load_backend
     from draftwise.optimize.kangaroo_tune import ETA_GRID, tune_kangaroo
     from draftwise.workloads import first_turn_prompts
 

@@ -1,0 +1,134 @@
+"""Strings to a typed `DecoderSpec`, once, at the edge.
+
+`spec_from_options` reads the same keys wherever they come from (the CLI's options and
+`--set`, a bench method string, a TOML or JSON file, `open_decoder`'s keyword options), so a
+configuration means the same thing everywhere.  Nothing below this module parses option
+strings; it calls nothing above `draftwise.spec`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import replace
+from pathlib import Path
+from typing import Mapping, cast
+
+from draftwise.backends.dtype import DtypeChoice, check_dtype
+from draftwise.errors import InputError
+from draftwise.options import config_keys, parse_config
+from draftwise.proposers.family import DrafterRegistry
+from draftwise.proposers.registry import DRAFTERS
+from draftwise.spec import (CALIBRATION_WORKLOAD, AutoDrafter, AutoGate, DecoderSpec, Drafter, DrafterSpec,
+                            GatePolicy, GateProfile, Strict)
+from draftwise.topology.compile import TreeLimits
+
+
+def drafter_keys(registry: DrafterRegistry = DRAFTERS) -> set[str]:
+    return {key for family in registry.families() for key in config_keys(family.config)}
+
+
+DECODER_KEYS = frozenset({"proposer", "backend", "verifier", "target", "draft", "gate", "max_nodes", "max_depth",
+                          "exact", "calibration", "dtype", "strict"})
+
+
+def parse_drafter(name: str, values: Mapping[str, str], registry: DrafterRegistry = DRAFTERS,
+                  calibration: str | None = None) -> Drafter | None:
+    """The drafter named `name` with its config keys parsed from `values` (the keys of other
+    families are refused: silently ignoring one would run a configuration nobody asked for)."""
+    if name == "none":
+        _refuse_keys(values, "proposer none takes no drafter keys")
+        return None
+    if name == "auto":
+        return _parse_auto(values, registry, calibration)
+    family = registry.get(name)
+    own = set(config_keys(family.config))
+    foreign = sorted(set(values) - own)
+    if foreign:
+        owners = {k: [f.name for f in registry.families() if k in config_keys(f.config)] for k in foreign}
+        said = "; ".join(f"{k} configures {', '.join(o) or 'nothing'}" for k, o in owners.items())
+        raise InputError(f"proposer {name}: {said}, not {name}; its keys: {', '.join(sorted(own)) or 'none'}")
+    return DrafterSpec(family, parse_config(family.config, values, f"proposer {name}"))
+
+
+def _parse_auto(values: Mapping[str, str], registry: DrafterRegistry, calibration: str | None) -> AutoDrafter:
+    unknown = sorted(set(values) - drafter_keys(registry))
+    if unknown:
+        raise InputError(f"proposer auto: unknown key(s) {', '.join(unknown)}; valid: {', '.join(sorted(drafter_keys(registry)))}")
+    candidates = []
+    for family in registry.families():
+        if not family.auto_candidate:
+            continue
+        own = {k: v for k, v in values.items() if k in config_keys(family.config)}
+        required = [k for k, f in config_keys(family.config).items() if f.default is dataclasses.MISSING]
+        if any(k not in own for k in required):
+            continue  # e.g. REST without an index: not a candidate
+        candidates.append(DrafterSpec(family, parse_config(family.config, own, f"proposer auto ({family.name})")))
+    return AutoDrafter(tuple(candidates), calibration or CALIBRATION_WORKLOAD)
+
+
+def _refuse_keys(values: Mapping[str, str], why: str) -> None:
+    if values:
+        raise InputError(f"{', '.join(sorted(values))}: {why}")
+
+
+def parse_gate(text: str | None) -> GatePolicy | None:
+    if text is None or text.strip().lower() in ("", "none", "off"):
+        return None
+    if text.strip() == "auto":
+        return AutoGate()
+    if not Path(text).is_dir():
+        raise InputError(f"gate must be auto or a verify_profile directory (draftwise profile --out DIR); "
+                         f"{text!r} is neither")
+    return GateProfile(Path(text))
+
+
+def int_value(values: Mapping[str, str], key: str, default: int) -> int:
+    """values[key] as an integer (`default` when absent); InputError when it is not one."""
+    if key not in values:
+        return default
+    try:
+        return int(values[key])
+    except ValueError as exc:
+        raise InputError(f"{key}={values[key]!r} is not an integer") from exc
+
+
+def bool_value(values: Mapping[str, str], key: str, default: bool) -> bool:
+    """values[key] as a boolean (`default` when absent); InputError when it is not one."""
+    if key not in values:
+        return default
+    word = values[key].lower()
+    if word not in ("true", "false", "1", "0", "yes", "no"):
+        raise InputError(f"{key}={values[key]!r} is not true/false")
+    return word in ("true", "1", "yes")
+
+
+def spec_from_options(values: Mapping[str, str], base: DecoderSpec = DecoderSpec(),
+                      registry: DrafterRegistry = DRAFTERS) -> DecoderSpec:
+    """`base` with the decoder keys and the chosen drafter's keys of `values` applied."""
+    allowed = DECODER_KEYS | drafter_keys(registry)
+    unknown = sorted(set(values) - allowed)
+    if unknown:
+        raise InputError(f"unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(allowed))}")
+    own = {k: v for k, v in values.items() if k not in DECODER_KEYS}
+    proposer = values.get("proposer", base.proposer)
+    if "calibration" in values and proposer != "auto":
+        raise InputError(f"calibration= configures proposer=auto, not {proposer}")
+    if proposer == base.proposer and not own and "proposer" not in values:
+        drafter = base.drafter
+    else:
+        drafter = parse_drafter(proposer, own, registry, values.get("calibration"))
+    gen = base.generation
+    limits = TreeLimits(int_value(values, "max_nodes", gen.limits.max_nodes),
+                        int_value(values, "max_depth", gen.limits.max_depth))
+    return replace(
+        base,
+        target=values.get("target", base.target),
+        backend=values.get("backend", base.backend),
+        drafter=drafter,
+        draft=values.get("draft", base.draft),
+        verifier=values.get("verifier", base.verifier),
+        gate=parse_gate(values["gate"]) if "gate" in values else base.gate,
+        dtype=cast(DtypeChoice, check_dtype(values["dtype"])) if "dtype" in values else base.dtype,
+        strict=Strict.parse(values["strict"]) if "strict" in values else base.strict,
+        generation=replace(gen, limits=limits, exact=bool_value(values, "exact", gen.exact)),
+    )
