@@ -8,16 +8,14 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 
 from draftwise.errors import DraftwiseError, InputError
 from draftwise.logs import progress_to
 from draftwise.options import parse_config
-from draftwise.cli.common import fail as _fail, split_training_settings
+from draftwise.cli.common import dim, err, fail as _fail, split_training_settings
 
 heads_app = typer.Typer(help="Draft heads (Medusa, Hydra, Hydra++, Clover): train, info, import, export.",
                         no_args_is_help=True)
-err = Console(stderr=True)
 
 
 
@@ -61,7 +59,7 @@ def train(
             from draftwise.models import resolve
 
             out = trained_path(recipe.family, resolve(target).checkpoint_id)
-        with progress_to(lambda line: err.print(line, style="dim", markup=False, highlight=False)):
+        with progress_to(dim):
             provenance = run_training(TrainingRun(target, out, corpus, recipe, work, batch))
         err.print(f"heads written to {out}")
     except DraftwiseError as exc:

@@ -8,15 +8,13 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 
 from draftwise.errors import DraftwiseError, InputError
 from draftwise.logs import progress_to
 from draftwise.options import config_keys, parse_config
-from draftwise.cli.common import dim as _dim, fail as _fail, split_settings as _split, split_training_settings
+from draftwise.cli.common import dim as _dim, err, fail as _fail, split_settings as _split, split_training_settings
 
 skip_app = typer.Typer(help="Draft & Verify skip sets: search, info.", no_args_is_help=True)
-err = Console(stderr=True)
 
 
 @skip_app.command()

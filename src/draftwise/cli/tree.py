@@ -22,10 +22,9 @@ from draftwise.logs import progress_to
 from draftwise.optimize.calibrate import calibrated_families, calibration_spec
 from draftwise.sampling import SamplingPolicy
 from draftwise.spec import DecoderSpec
-from draftwise.cli.common import fail as _fail
+from draftwise.cli.common import dim, err, fail as _fail
 
 tree_app = typer.Typer(help="Hardware-aware trees: optimize a draft tree from measured artifacts.", no_args_is_help=True)
-err = Console(stderr=True)
 
 
 
@@ -62,7 +61,7 @@ def calibrate(
                                 max_new_tokens, seed)
         verifier = check(spec)
         questions = parse_workload(workload).questions
-        with progress_to(lambda m: err.print(m, style="dim", markup=False, highlight=False)):
+        with progress_to(dim):
             opened = open_decoder(spec)
             decoder, target_backend = opened.engine, opened.target
             prompts = [target_backend.chat_prompt(messages_for(q, 0, [])) for q in questions]
