@@ -10,8 +10,10 @@ from rich.console import Console
 from rich.text import Text
 
 from draftwise.errors import InputError
+from draftwise.spec import DecoderSpec
 
 err = Console(stderr=True)
+DEFAULTS = DecoderSpec()  # the options' defaults, read from the spec's own
 
 
 def fail(message: str) -> None:

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from draftwise.api import open_decoder
-from draftwise.cli.common import DTYPE_HELP, dim, err, fail, quiet_llama_cpp, split_settings
+from draftwise.cli.common import DEFAULTS, DTYPE_HELP, dim, err, fail, quiet_llama_cpp, split_settings
 from draftwise.engine import GenerationConfig, GenerationResult
 from draftwise.errors import DraftwiseError, InputError
 from draftwise.logs import progress_to
@@ -25,7 +25,6 @@ from draftwise.text import check_utf8
 from draftwise.text_stream import TextStream
 from draftwise.verify.registry import VERIFIERS
 
-DEFAULTS = DecoderSpec()
 
 
 def generate(

@@ -11,12 +11,10 @@ from rich.console import Console
 from rich.table import Table
 
 from draftwise.backends.load import load_backend
-from draftwise.cli.common import DTYPE_HELP, dim, err, fail, int_list, quiet_llama_cpp
+from draftwise.cli.common import DEFAULTS, DTYPE_HELP, dim, err, fail, int_list, quiet_llama_cpp
 from draftwise.errors import DraftwiseError
 from draftwise.logs import progress_to
-from draftwise.spec import DecoderSpec
 
-DEFAULTS = DecoderSpec()
 
 
 def oracle(as_json: bool = typer.Option(False, "--json")) -> None:
