@@ -18,7 +18,7 @@ from pathlib import Path
 
 from draftwise.backends.invariance import SHAPES, cached_probe, find_divergence
 from draftwise.bench.main import finish
-from draftwise.build import load_backend
+from draftwise.backends.load import load_backend
 from draftwise.workloads import messages_for, parse_workloads
 
 

@@ -34,9 +34,10 @@ from pathlib import Path
 from draftwise.artifacts import stable_hash
 from draftwise.bench.methods import MethodDefaults, parse_method
 from draftwise.workloads import messages_for, parse_workloads
-from draftwise.build import load_backend
-from draftwise.resolve import branches
-from draftwise.spec import CALIBRATION_WORKLOAD, DecoderSpec, GateProfile, spec_from_options
+from draftwise.backends.load import load_backend
+from draftwise.plan import branches
+from draftwise.parse import spec_from_options
+from draftwise.spec import CALIBRATION_WORKLOAD, DecoderSpec, GateProfile
 from draftwise.engine import GenerationConfig
 from draftwise.models import cache_dir
 from draftwise.optimize.auto import AutoTreeConfig, auto_gate_directory, ensure_profile, gate_rows

@@ -35,7 +35,7 @@ import numpy as np
 
 from draftwise.bench.plots import plot_speedup_grid
 from draftwise.workloads import messages_for, parse_workload
-from draftwise.build import load_backend
+from draftwise.backends.load import load_backend
 from draftwise.engine import GenerationConfig, SpeculativeDecoder
 from draftwise.optimize.acceptance import AcceptanceProfile
 from draftwise.optimize.auto import AutoTreeConfig, auto_tree
