@@ -191,7 +191,7 @@ def choose_proposer(
     The traces run as long as the generation will (`trace_tokens` defaults to its
     max_new_tokens): prompt lookup's misses gather late in a generation, and 64-token traces
     of HumanEval 0-1 ranked ungated lookup first on transformers where 128-token ones, like
-    the measured run, rank the gated one first (benchmarks/auto_proposer/)."""
+    the measured run, rank the gated one first (benchmarks/lookup_grid/)."""
     trace_tokens = trace_tokens or spec.generation.max_new_tokens
     if not prompts:
         raise InputError("--proposer auto needs at least one calibration prompt")
