@@ -83,6 +83,18 @@ def manifest_kind(directory: Path) -> str | None:
     return str(body.get("kind")) if isinstance(body, dict) else UNREADABLE
 
 
+def check_out(directory: Path, kind: str, also_replaces: tuple[str, ...] = ()) -> None:
+    """Refuse an output directory `staged_artifact` would refuse, before any work is done for it:
+    a symbolic link, a regular file, or a directory that is neither empty nor an artifact of
+    `kind` (or of a kind in `also_replaces`)."""
+    directory = Path(directory)
+    if directory.is_symlink():
+        raise ArtifactError(f"{directory} is a symbolic link; give the artifact's real directory")
+    replaceable = (kind, *also_replaces)
+    if directory.exists() and not (directory.is_dir() and (manifest_kind(directory) in replaceable or not any(directory.iterdir()))):
+        raise ArtifactError(f"{directory} exists and is not a {kind!r} artifact; refusing to write over it")
+
+
 @contextmanager
 def staged_artifact(directory: Path, kind: str, also_replaces: tuple[str, ...] = ()) -> Iterator[Path]:
     """Yield a fresh staging directory beside `directory` to write an artifact of `kind` into,
@@ -94,11 +106,7 @@ def staged_artifact(directory: Path, kind: str, also_replaces: tuple[str, ...] =
     artifact); a symbolic link is refused rather than followed. The staging name is unique, so a
     user's directory that happens to share it is never touched."""
     directory = Path(directory)
-    if directory.is_symlink():
-        raise ArtifactError(f"{directory} is a symbolic link; give the artifact's real directory")
-    replaceable = (kind, *also_replaces)
-    if directory.exists() and not (directory.is_dir() and (manifest_kind(directory) in replaceable or not any(directory.iterdir()))):
-        raise ArtifactError(f"{directory} exists and is not a {kind!r} artifact; refusing to write over it")
+    check_out(directory, kind, also_replaces)
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f"{directory.name}.partial-", dir=directory.parent))
     try:
@@ -124,8 +132,8 @@ def read_manifest(directory: Path, kind: str | None = None, verify: bool = True,
     if not path.is_file():
         raise ArtifactError(f"{directory} is not a draftwise artifact: {MANIFEST} is missing")
     try:
-        body = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        body = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:  # not JSON, or not even UTF-8 (a garbage or binary file)
         raise ArtifactError(f"{path} is not valid JSON: {exc}") from exc
     if (not isinstance(body, dict) or not isinstance(body.get("provenance"), dict) or not isinstance(body.get("files"), dict)
             or not all(isinstance(k, str) and isinstance(v, str) for k, v in body["files"].items())):

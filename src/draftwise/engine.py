@@ -29,6 +29,7 @@ from draftwise.gate import CostGate, CostGateConfig, check_gateable, gate_round
 from draftwise.proposers.base import Proposer, RoundFeedback
 from draftwise.sampling import SamplingPolicy
 from draftwise.stats import GenerationStats, RoundRecord, summarize
+from draftwise.text import check_utf8
 from draftwise.topology.compile import COMPILER_VERSION, CompiledRound, TreeLimits, compile_round
 from draftwise.verify.base import Verifier, bind
 
@@ -46,6 +47,10 @@ class GenerationConfig:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise InputError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        for number, stop in enumerate(self.stop_strings):
+            if not stop:  # "" is in every text: it would stop every generation at its first token
+                raise InputError(f"stop string {number} is empty: it would end every generation at its first token")
+            check_utf8(stop, f"stop string {number}")
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,7 @@ def _split_specbench_args(rest: str) -> tuple[Path, set[str] | None, int | None]
     categories: set[str] | None = None
     limit: int | None = None
     for i, part in enumerate(extra):
-        if part.isdigit() and i == len(extra) - 1:
+        if _is_number(part) and i == len(extra) - 1:
             limit = int(part)
             if limit < 1:
                 raise WorkloadError(f"specbench limit must be >= 1, got {limit}")
@@ -152,10 +152,15 @@ def stratified(questions: tuple[Question, ...], limit: int) -> tuple[Question, .
     return tuple(questions[i] for i in sorted(picked))
 
 
+def _is_number(text: str) -> bool:
+    """ASCII digits only: str.isdigit() also takes '²' and '①', which int() refuses."""
+    return text.isascii() and text.isdigit()
+
+
 # ---- HumanEval ----------------------------------------------------------------------------
 def _humaneval(rest: str) -> tuple[Question, ...]:
     first, _, last = rest.partition("-")
-    if not (first.isdigit() and (last.isdigit() or not last)):
+    if not (_is_number(first) and (_is_number(last) or not last)):
         raise WorkloadError(f"humaneval:{rest}: expected a range A-B of problem numbers (e.g. 0-19)")
     start, stop = int(first), int(last or first)
     problems = read_humaneval()

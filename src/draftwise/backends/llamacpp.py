@@ -69,6 +69,7 @@ from draftwise.backends.base import (
 from draftwise.backends.llamacpp_batch import NumpyBatch
 from draftwise.backends.llamacpp_text import detokenize, model_meta, render_chat, tokenize, vocab_texts
 from draftwise.backends.base import tokenizer_fingerprint
+from draftwise.text import check_messages
 from draftwise.models import ResolvedModel
 from draftwise.topology.compile import CompiledRound
 from draftwise.logits import NumpyLogits
@@ -82,7 +83,7 @@ _N_BATCH = 512  # tokens per llama_decode (logical and physical batch), llama-cp
 @dataclass(frozen=True)
 class LlamaCppKernels:
     """The kernel choices that decide whether a row verified inside a batch equals the same row
-    decoded alone (measured: `draftwise profile --invariance`, benchmarks/llamacpp_invariance/).
+    decoded alone (measured: `draftwise profile --invariance`, benchmarks/llamacpp_exactness/).
     By default it does not, on these CPU kernels, and each cause was isolated by probing:
     - flash attention off: attention's matmuls of a one-row batch use ggml's own dot product,
       two or more rows go to tinyBLAS (another summation order); and a tree row's ancestors sit
@@ -583,6 +584,7 @@ class LlamaCppBackend:
     def chat_prompt(self, messages: Sequence[dict]) -> list[int]:
         if not self._chat_template:
             raise BackendError(f"{self.info.checkpoint} has no chat template in its GGUF metadata")
+        check_messages(messages)  # before rendering: the refusal names the message, not the rendered text
         bos, eos = llama_cpp.llama_vocab_bos(self._vocab), llama_cpp.llama_vocab_eos(self._vocab)
         text = render_chat(self._chat_template, messages, self._token_text(bos), self._token_text(eos))
         return tokenize(self._vocab, text, add_special=False)  # the template writes its own special tokens

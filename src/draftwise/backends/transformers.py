@@ -14,6 +14,7 @@ import logging
 
 import inspect
 import json
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -28,6 +29,7 @@ from draftwise.backends.dtype import CONCRETE_DTYPES, DEFAULT_DTYPE, TorchDtype,
 from draftwise.backends.torch_probs import policy_probs
 from draftwise.models import ResolvedModel, cache_dir
 from draftwise.sampling import SamplingPolicy
+from draftwise.text import check_messages, check_utf8
 from draftwise.topology.compile import CompiledRound
 from draftwise.logits import cached
 
@@ -102,7 +104,7 @@ class TransformersBackend:
     # ---- loading -------------------------------------------------------------------------
     @classmethod
     def load(cls, model: ResolvedModel, device: str = "cpu", dtype: TorchDtype = DEFAULT_DTYPE) -> "TransformersBackend":
-        """The model in `dtype` (float32 or bfloat16; `auto` is settled by `draftwise.build.load_backend`).
+        """The model in `dtype` (float32 or bfloat16; `auto` is settled by `draftwise.backends.load.load_backend`).
         A GGUF's float32 conversion is cast on load: the same bf16 weights a bf16 conversion would hold."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -345,12 +347,14 @@ class TransformersBackend:
 
     # ---- text ----------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        check_utf8(text)  # text that is not valid UTF-8 is refused by name (draftwise.text), as on llama.cpp
         return list(self.tokenizer(text, add_special_tokens=add_special).input_ids)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self.tokenizer.decode(list(tokens), skip_special_tokens=False)
 
     def chat_prompt(self, messages: Sequence[dict]) -> list[int]:
+        check_messages(messages)
         ids = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
@@ -394,8 +398,11 @@ def _converted_dir(model: ResolvedModel) -> str:
             return str(out)
     log.info("converting %s for transformers (once; cached in %s)", Path(model.path).name, out)
     folder, name = str(Path(model.path).parent), Path(model.path).name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    net = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        net = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    except (OSError, ValueError, KeyError, IndexError, struct.error) as exc:  # not a GGUF, truncated, or unsupported
+        raise BackendError(f"transformers could not load {model.path!r} as a GGUF model: {exc}") from exc
     out.mkdir(parents=True, exist_ok=True)
     config = net.config.to_dict()
     config.pop("quantization_config", None)  # the weights are stored dequantized

@@ -102,10 +102,15 @@ class ResultStore:
     def open(self, settings: dict, resume: bool) -> None:
         """Create the directory, or check that a resumed one was made with the same settings."""
         run_file = self.root / "run.json"
+        if self.root.exists() and not self.root.is_dir():
+            raise StoreError(f"--out {self.root} exists and is not a directory; choose a result directory")
         if run_file.is_file():
             if not resume:
                 raise StoreError(f"{self.root} already holds a run; pass --resume to continue it or choose another --out")
-            saved = json.loads(run_file.read_text())
+            try:
+                saved = json.loads(run_file.read_text(encoding="utf-8"))
+            except ValueError as exc:  # not JSON, or not UTF-8
+                raise StoreError(f"--resume: {run_file} is not a run's settings (not valid JSON: {exc})") from exc
             if saved != settings:
                 changed = sorted(k for k in set(saved) | set(settings) if saved.get(k) != settings.get(k))
                 raise StoreError(f"--resume: {self.root} was run with different settings ({', '.join(changed)})")

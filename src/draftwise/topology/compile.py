@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from draftwise.contracts import ProbabilitySemantics, ProposalResult
-from draftwise.errors import ContractError
+from draftwise.errors import ContractError, InputError
 
 COMPILER_VERSION = "2"  # 2: the node budget counts nodes, merged ones included (1 counted rows)
 
@@ -32,6 +32,11 @@ class GraphError(ContractError):
 class TreeLimits:
     max_nodes: int = 64
     max_depth: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("max_nodes", "max_depth"):
+            if getattr(self, name) < 0:  # 0 is a round without drafts; below that is a typo
+                raise InputError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True, eq=False)

@@ -123,14 +123,18 @@ def _parse(spec: str) -> Template:
     if text.startswith("["):
         try:
             paths = json.loads(text)
-        except json.JSONDecodeError as err:
+        except (json.JSONDecodeError, RecursionError) as err:  # RecursionError: brackets nested too deep
             raise InputError(f"tree template {spec!r} is not valid JSON: {err}") from err
         if not isinstance(paths, list) or not all(isinstance(p, list) for p in paths):
             raise InputError(f"tree template {spec!r} must be a JSON list of paths (lists of slot indices)")
-        repeated = len({tuple(p) for p in paths}) != len(paths)
-        if repeated:
+        _check_size(spec, len(paths))
+        try:
+            template = from_paths(paths)  # checks every slot is an integer before paths are compared
+        except InputError as err:
+            raise InputError(f"tree template {spec!r}: {err}") from None
+        if len(template) != len(paths):
             raise InputError(f"tree template {spec!r} lists a path twice (each node is one draft)")
-        return from_paths(paths)
+        return template
     kind, sep, args = text.partition(":")
     if not sep:
         raise InputError(f"tree template {spec!r}: expected 'chain:K', 'cartesian:B1,B2,..', 'wbd:W1,W2,..' or JSON")
@@ -143,10 +147,33 @@ def _parse(spec: str) -> Template:
     if kind == "chain":
         if len(numbers) != 1:
             raise InputError(f"tree template {spec!r}: chain takes one length")
+        if numbers[0] < 1:
+            raise InputError(f"tree template {spec!r}: a chain needs a length >= 1, got {numbers[0]}")
+        _check_size(spec, numbers[0])
         return chain(numbers[0])
+    if not numbers or any(n < 1 for n in numbers):
+        raise InputError(f"tree template {spec!r}: {kind} takes positive integers, got {numbers}")
+    _check_size(spec, _full_tree_nodes(numbers))
     if kind == "cartesian":
         return cartesian(numbers)
     return width_by_depth(numbers)
+
+
+def _check_size(spec: str, nodes: int) -> None:
+    """Refused before the tree is built: 'chain:10**9' must not take the memory first."""
+    if nodes > MAX_TEMPLATE_NODES:
+        raise InputError(f"tree template {spec!r} has more than {MAX_TEMPLATE_NODES} nodes")
+
+
+def _full_tree_nodes(widths: Sequence[int]) -> int:
+    """Nodes of the full tree with widths[d] children per node at depth d (counted up to just past the cap)."""
+    total, level = 0, 1
+    for width in widths:
+        level *= width
+        total += level
+        if total > MAX_TEMPLATE_NODES:
+            break
+    return total
 
 
 def _positive(values: Sequence[int], what: str) -> list[int]:
