@@ -14,6 +14,20 @@ from draftwise.logs import progress_to
 from draftwise.options import parse_config
 from draftwise.cli.common import dim, err, fail as _fail, split_training_settings
 
+def _keys(config: type) -> str:
+    from draftwise.options import config_keys
+
+    return ", ".join(k for k in config_keys(config) if k != "family")  # --family sets the family
+
+
+def _recipe_keys() -> tuple[str, str]:
+    from draftwise.training.corpus import CorpusRecipe
+    from draftwise.training.train import TrainRecipe
+
+    return _keys(TrainRecipe), _keys(CorpusRecipe)
+
+
+RECIPE_KEYS, CORPUS_KEYS = _recipe_keys()
 heads_app = typer.Typer(help="Draft heads (Medusa, Hydra, Hydra++, Clover): train, info, import, export.",
                         no_args_is_help=True)
 
@@ -28,7 +42,7 @@ def train(
     target: str = typer.Option("smollm2-135m", "--target", help="target model (the transformers backend loads it)"),
     preset: Optional[str] = typer.Option(None, "--preset", help="a published recipe scaled to a CPU: medusa-1 | hydra | "
                                                                    "hydra++ | clover"),
-    settings: List[str] = typer.Option([], "--set", help="KEY=VALUE of the recipe or the corpus (see --help-keys)"),
+    settings: List[str] = typer.Option([], "--set", help=f"KEY=VALUE (repeatable) of the recipe ({RECIPE_KEYS}) or the corpus ({CORPUS_KEYS})"),
     work: Optional[Path] = typer.Option(None, "--work", help="working directory (corpus, hidden states, checkpoints); "
                                                              "default: a folder in the cache keyed by target and corpus"),
     batch: int = typer.Option(32, "--distill-batch", help="prompts answered together in self-distillation"),
