@@ -21,6 +21,7 @@ from pathlib import Path
 
 from draftwise.errors import ModelError
 from draftwise.artifacts import checked_sha256, sha256_file, write_stamp
+from draftwise.paths import is_dir, is_file
 
 log = logging.getLogger(__name__)  # progress lines (the CLI shows INFO)
 
@@ -100,12 +101,15 @@ def resolve(name: str, pull: bool = True) -> ResolvedModel:
     if name in REGISTRY:
         path = pull_model(name) if pull else cache_dir() / REGISTRY[name].filename
         return ResolvedModel(name=name, kind="gguf", path=str(path), sha256=REGISTRY[name].sha256)
-    candidate = Path(name).expanduser()
-    if candidate.is_file():
+    try:
+        candidate = Path(name).expanduser()
+    except RuntimeError:  # '~someone' for a user this system does not know
+        candidate = Path(name)
+    if is_file(candidate):
         if candidate.suffix != ".gguf":
             raise ModelError(f"{candidate} is a file but not a .gguf model")
         return ResolvedModel(name=name, kind="gguf", path=str(candidate.resolve()), sha256=sha256_file(candidate))
-    if candidate.is_dir():
+    if is_dir(candidate):
         if not (candidate / "config.json").is_file():
             raise ModelError(f"{candidate} is a directory without config.json; pass a transformers model directory")
         return ResolvedModel(name=name, kind="directory", path=str(candidate.resolve()), sha256=None)

@@ -30,6 +30,7 @@ from typing import Callable
 
 from draftwise.data import SPEC_BENCH_DEV, spec_bench_questions
 from draftwise.errors import InputError
+from draftwise.paths import is_file
 
 HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with the code only.\n\n"
 
@@ -119,7 +120,7 @@ def _split_specbench_args(rest: str) -> tuple[Path, set[str] | None, int | None]
 
 
 def read_specbench(path: Path) -> tuple[Question, ...]:
-    if not path.is_file():
+    if not is_file(path):
         raise WorkloadError(f"Spec-Bench question file {path} not found")
     questions = []
     with open(path, encoding="utf-8") as handle:
@@ -153,8 +154,9 @@ def stratified(questions: tuple[Question, ...], limit: int) -> tuple[Question, .
 
 
 def _is_number(text: str) -> bool:
-    """ASCII digits only: str.isdigit() also takes '²' and '①', which int() refuses."""
-    return text.isascii() and text.isdigit()
+    """ASCII digits only (str.isdigit() also takes '²' and '①', which int() refuses), and few enough
+    for int() (it refuses over 4300 digits; no workload has 10**18 questions)."""
+    return text.isascii() and text.isdigit() and len(text) <= 18
 
 
 # ---- HumanEval ----------------------------------------------------------------------------
@@ -184,7 +186,7 @@ def read_humaneval() -> list[dict]:
 
 # ---- prompt files -------------------------------------------------------------------------
 def _prompt_file(path: Path) -> tuple[Question, ...]:
-    if not path.is_file():
+    if not is_file(path):
         raise WorkloadError(f"prompt file {path} not found")
     questions = []
     with open(path, encoding="utf-8") as handle:

@@ -34,6 +34,7 @@ from draftwise.backends.load import choose_backend
 from draftwise.engine import GenerationConfig
 from draftwise.errors import DraftwiseError, InputError
 from draftwise.models import resolve
+from draftwise.paths import is_file
 from draftwise.plan import check
 from draftwise.spec import DecoderSpec
 from draftwise.parse import int_value, spec_from_options
@@ -131,7 +132,7 @@ def parse_method(text: str, defaults: MethodDefaults) -> MethodSpec:
 def _read_config(config: str) -> tuple[str, dict[str, str]]:
     path = Path(config)
     if path.suffix in (".json", ".toml"):
-        if not path.is_file():
+        if not is_file(path):
             raise MethodError(f"method config file {path} not found")
         try:
             text = path.read_text(encoding="utf-8")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftwise.errors import InputError
+from draftwise.paths import is_dir
 from draftwise.topology.templates import Template, max_depth, parse_template
 
 
@@ -53,7 +54,7 @@ def parse_tree(text: str) -> TreeSpec:
         return AutoTree()
     if stripped.startswith("["):  # a JSON list of paths is a template, never a directory
         return TreeTemplate(parse_template(stripped))
-    if Path(stripped).is_dir():
+    if is_dir(stripped):
         return TreeArtifact(Path(stripped))
     if "/" in stripped or stripped.startswith("."):
         raise InputError(f"tree {text!r}: no such tree directory (from `draftwise tree optimize`)")
