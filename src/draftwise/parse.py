@@ -16,6 +16,7 @@ from typing import Mapping, cast
 from draftwise.backends.dtype import DtypeChoice, check_dtype
 from draftwise.errors import InputError
 from draftwise.options import config_keys, parse_config
+from draftwise.paths import is_dir
 from draftwise.proposers.family import DrafterRegistry
 from draftwise.proposers.registry import DRAFTERS
 from draftwise.spec import (CALIBRATION_WORKLOAD, AutoDrafter, AutoGate, DecoderSpec, Drafter, DrafterSpec,
@@ -76,7 +77,7 @@ def parse_gate(text: str | None) -> GatePolicy | None:
         return None
     if text.strip() == "auto":
         return AutoGate()
-    if not Path(text).is_dir():
+    if not is_dir(text):  # a name too long for the file system is no directory either
         raise InputError(f"gate must be auto or a verify_profile directory (draftwise profile --out DIR); "
                          f"{text!r} is neither")
     return GateProfile(Path(text))

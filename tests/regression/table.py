@@ -36,17 +36,16 @@ class Row:
     mentions: tuple[str, ...] = ()
     backend: str | None = None
     out: Literal["absent", "file"] | None = None
-    xfail: str | None = None  # "needs fix in <file>: ..." (a file another engineer holds)
 
 
 def cli(id: str, args: list[str], error: type[DraftwiseError], *mentions: str, backend: str | None = None,
-        out: Literal["absent", "file"] | None = None, xfail: str | None = None) -> Row:
-    return Row(id, "cli", tuple(args), error, mentions, backend, out, xfail)
+        out: Literal["absent", "file"] | None = None) -> Row:
+    return Row(id, "cli", tuple(args), error, mentions, backend, out)
 
 
-def api(id: str, call: Callable[[Any], Any], error: type[DraftwiseError], *mentions: str, backend: str | None = None,
-        xfail: str | None = None) -> Row:
-    return Row(id, "api", call, error, mentions, backend, None, xfail)
+def api(id: str, call: Callable[[Any], Any], error: type[DraftwiseError], *mentions: str,
+        backend: str | None = None) -> Row:
+    return Row(id, "api", call, error, mentions, backend, None)
 
 
 def gen(backend: str, *args: str) -> list[str]:
@@ -57,9 +56,6 @@ def gen(backend: str, *args: str) -> list[str]:
 def _spec(**generation: Any) -> Any:
     return draftwise.DecoderSpec(generation=draftwise.GenerationConfig(**generation))
 
-
-GATE_NEEDS = ("needs fix in src/draftwise/parse.py: parse_gate's Path(text).is_dir() raises OSError (ENAMETOOLONG) "
-              "for a name over NAME_MAX; ask draftwise.paths.is_dir instead")
 
 ROWS: list[Row] = []
 
@@ -226,9 +222,9 @@ ROWS += [
     api("gate-not-a-directory", lambda c: c.open(gate=c.path("missing")), InputError,
         "gate must be auto or a verify_profile directory"),
     api("gate-name-too-long", lambda c: draftwise.spec_from_options({"gate": "g" * 300}), InputError,
-        "gate must be auto or a verify_profile directory", xfail=GATE_NEEDS),
+        "gate must be auto or a verify_profile directory"),
     cli("gate-name-too-long", ["generate", "hi", "--gate", "g" * 300], InputError,
-        "gate must be auto or a verify_profile directory", xfail=GATE_NEEDS),
+        "gate must be auto or a verify_profile directory"),
     api("tree-name-too-long", lambda c: c.open(proposer="draft-model", draft="smollm2-135m", tree="t" * 300),
         InputError, "tree template 'ttt"),
     api("model-name-too-long", lambda c: draftwise.open_decoder(target="m" * 300), ModelError, "unknown model 'mmm"),

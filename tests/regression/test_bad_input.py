@@ -18,8 +18,6 @@ def _marks(row: Row) -> list:
         marks.append(pytest.mark.model)
     if row.backend == "llamacpp" or row.surface == "cli" and "llamacpp" in row.call:
         marks.append(pytest.mark.llamacpp)
-    if row.xfail:
-        marks.append(pytest.mark.xfail(strict=True, reason=row.xfail))
     return marks
 
 
