@@ -1,0 +1,378 @@
+"""Many requests on one loaded transformers model: slots in the batch rows of one KV cache.
+
+Cache layout.  The backend owns, per layer, K and V tensors [B, H, L, D] whose batch row b is
+one open slot's sequence (`_Slot.row`).  Slots keep their own lengths: slot i's committed rows
+are columns [0, c_i) of its batch row, its provisional rows (after a verify) columns
+[p_i, p_i + k_i) with p_i >= c_i, and every other column of its row (up to the common length L)
+is padding, never visible to it.  A slot's rows sit in its own batch row, so no query ever
+meets another slot's keys; the per-row additive mask only hides the slot's own padding.
+Padding is always finite (zeros, or rows computed from real inputs), so a masked column
+weighs exactly 0 after the softmax and never turns a row into NaN.
+
+One forward.  `verify_many` evaluates every call WITHOUT unread rows (the decode rounds) in
+ONE forward: input_ids [B', R] (R = the most rows of a call, shorter calls padded), position
+ids [B', R] as the single backend computes them (arange for a pending token and a chain, the
+round's positions for a tree), and an additive mask [B', 1, R, L' + R]: a real row sees its
+slot's committed columns [0, c_i) and its own new rows (causally for unread/pending rows,
+ancestors for candidates); a padding row sees only its own column.  Each call's rows land at
+columns L' .. L' + rows - 1 of its batch row.  When most open slots are in the calls the
+forward runs over the whole cache in place (B' = every open slot; an idle slot's row is all
+padding and its KV, provisional rows included, is untouched: the forward only appends
+columns).  When few are (under SHARED_FORWARD_SHARE: a lone `SlotView.verify`, the engine's
+one-by-one retry), it runs over a copy of just their rows cut to their longest committed prefix
+(L' = that length), and the new columns are copied back into their batch rows.
+
+Joining.  A call with `unread` rows (a new request's prompt) would pad every row of the shared
+forward to the prompt's length, so each such call is evaluated in its own forward, over its
+slot's row alone cut to its committed length: exactly the single backend's forward (the
+causal default mask for a chain, its tree mask otherwise), then merged into the batch cache
+(padding the common length when the slot outgrew it).  The unread rows are committed at once.
+So a `verify_many` is one forward for all its decode calls plus one per call with unread rows.
+
+Commit and leave.  `commit(slot, rows)` gathers the pending row and the accepted rows of the
+slot's batch row to columns c_i .. (index_select, as `TransformersBackend.commit`), and sets
+c_i; the cache is then cut to the longest valid row over all slots (a view: the next forward's
+concatenation makes it compact), so the common length shrinks once every slot has settled.
+`open()` appends a zero batch row; `close(slot)` drops the slot's batch row at once
+(index_select on dim 0: its KV is freed) and its id may be reused, starting empty.
+
+Failure.  Every check (slots, rows, context) runs before the first forward; a forward that
+raises (out of memory) leaves every tensor and every slot as they were (the cache tensors
+are only replaced after success; a partial merge writes padding columns only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from draftwise.backends.base import BackendInfo, ContextOverflow, check_path
+from draftwise.backends.batch import VerifyCall, check_calls
+from draftwise.backends.transformers import TorchLogits, TransformersBackend, _cache_kwarg, _is_chain, kv_row_bytes
+from draftwise.errors import BackendError
+from draftwise.topology.compile import CompiledRound
+
+# run in place over every batch row when at least this share of the open slots is called, else over
+# copied rows (SmolLM2-135M, 8 slots of ~200 tokens, CPU: in place costs one full forward whatever is
+# called, ~77 ms; copying 1/2/4/8 rows costs 37/40/66/98 ms)
+SHARED_FORWARD_SHARE = 0.75
+
+
+@dataclass
+class _Slot:
+    row: int  # batch row in the cache tensors
+    committed: int = 0  # c_i: columns [0, c_i) are authoritative
+    start: int = -1  # p_i: column of the provisional pending row (-1: nothing provisional)
+    rows: int = 0  # k_i: provisional rows (pending + candidates)
+    round_: CompiledRound | None = None
+
+    @property
+    def end(self) -> int:
+        """One past the last column this slot needs."""
+        return self.start + self.rows if self.rows else self.committed
+
+
+def visible_rows(entries: Sequence[tuple[int, VerifyCall | None]], past: int, width: int) -> torch.Tensor:
+    """[B', R, past + R] bool: what each query row of a forward may see.  `entries` gives, per
+    batch row, the slot's committed length and its call (None: a row of padding only); the new
+    rows of batch row j sit at columns past .. past + R - 1, left-aligned."""
+    visible = torch.zeros((len(entries), width, past + width), dtype=torch.bool)
+    diag = torch.arange(width)
+    visible[:, diag, past + diag] = True  # every row sees itself: a padding row sees nothing else
+    for j, (committed, call) in enumerate(entries):
+        if call is None:
+            continue
+        rows, head = call.rows, len(call.unread) + 1  # head: unread rows and the pending one
+        visible[j, :rows, :committed] = True
+        visible[j, :head, past : past + head] = torch.ones((head, head), dtype=torch.bool).tril()
+        if call.round_ is not None and call.round_.n:
+            visible[j, head:rows, past : past + head] = True
+            visible[j, head:rows, past + head : past + rows] = torch.from_numpy(call.round_.ancestor_mask)
+    return visible
+
+
+class TransformersBatch:
+    """`BatchBackend` over one `TransformersBackend`'s loaded model (weights and tokenizer shared)."""
+
+    def __init__(self, backend: TransformersBackend, max_slots: int = 8) -> None:
+        from transformers import DynamicCache
+
+        if max_slots < 1:
+            raise BackendError(f"a batch holds at least 1 slot, not {max_slots}")
+        self._backend = backend
+        self.model = backend.model
+        self.info: BackendInfo = backend.info
+        self.device = torch.device(self.info.device)
+        self._max_slots = max_slots
+        self._cache_kwarg = _cache_kwarg(self.model)
+        config = self.model.config
+        probe = DynamicCache(config=config)
+        if any(getattr(layer, "is_sliding", False) for layer in probe.layers):
+            raise BackendError("batched decoding on transformers needs full-attention caches (no sliding windows)")
+        self._layers = int(config.num_hidden_layers)
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self._shape = (int(heads), int(head_dim))
+        self._row_bytes = self.info.kv_row_bytes or kv_row_bytes(config, self.model.dtype)
+        with torch.inference_mode():
+            empty = torch.zeros((0, self._shape[0], 0, self._shape[1]), dtype=self.model.dtype, device=self.device)
+        self._keys: list[torch.Tensor] = [empty] * self._layers  # [B, H, L, D] per layer
+        self._values: list[torch.Tensor] = [empty] * self._layers
+        self._slots: dict[int, _Slot] = {}
+
+    @classmethod
+    def from_backend(cls, backend: TransformersBackend, max_slots: int = 8) -> "TransformersBatch":
+        return cls(backend, max_slots)
+
+    # ---- slots ---------------------------------------------------------------------------
+    @property
+    def max_slots(self) -> int:
+        return self._max_slots
+
+    @property
+    def n_threads(self) -> int:
+        return torch.get_num_threads()
+
+    @property
+    def length(self) -> int:
+        """L: the columns every batch row holds."""
+        return int(self._keys[0].shape[2])
+
+    def open(self) -> int:
+        if len(self._slots) >= self._max_slots:
+            raise BackendError(f"all {self._max_slots} slots are open")
+        slot = min(set(range(self._max_slots)) - set(self._slots))
+        with torch.inference_mode():
+            zero = torch.zeros((1, self._shape[0], self.length, self._shape[1]), dtype=self.model.dtype,
+                               device=self.device)
+            keys = [torch.cat([k, zero]) for k in self._keys]
+            values = [torch.cat([v, zero]) for v in self._values]
+        self._keys, self._values = keys, values
+        self._slots[slot] = _Slot(row=len(self._slots))
+        return slot
+
+    def close(self, slot: int) -> None:
+        gone = self._slot(slot)
+        keep = [s.row for s in sorted(self._slots.values(), key=lambda s: s.row) if s is not gone]
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            keys = [k.index_select(0, index) for k in self._keys]
+            values = [v.index_select(0, index) for v in self._values]
+        self._keys, self._values = keys, values
+        del self._slots[slot]
+        for other in self._slots.values():
+            if other.row > gone.row:
+                other.row -= 1
+        self._settle()
+
+    def open_slots(self) -> tuple[int, ...]:
+        return tuple(sorted(self._slots))
+
+    def cached_len(self, slot: int) -> int:
+        return self._slot(slot).committed
+
+    def reserve(self, slot: int, tree_rows: int) -> None:
+        self._slot(slot)  # a tree is a mask over the slot's row: nothing to size per branch
+
+    def reset(self, slot: int) -> None:
+        state = self._slot(slot)
+        state.committed, state.start, state.rows, state.round_ = 0, -1, 0, None
+        self._settle()
+
+    def _slot(self, slot: int) -> _Slot:
+        state = self._slots.get(slot)
+        if state is None:
+            raise BackendError(f"slot {slot} is not open")
+        return state
+
+    def _settle(self) -> None:
+        """Cut every row to the longest one a slot still needs (a view; the next forward compacts)."""
+        need = max((s.end for s in self._slots.values()), default=0)
+        if need < self.length:
+            self._keys = [k[:, :, :need] for k in self._keys]
+            self._values = [v[:, :, :need] for v in self._values]
+
+    # ---- verify --------------------------------------------------------------------------
+    def verify_many(self, calls: Sequence[VerifyCall]) -> list[TorchLogits]:
+        check_calls(calls, self.open_slots(), self.info.max_verify_rows)
+        for call in calls:
+            state = self._slots[call.slot]
+            if state.rows:
+                raise BackendError(f"slot {call.slot}: verify while a previous verify is provisional; "
+                                   "commit or roll back first")
+            if state.committed + call.rows > self.info.context_length:
+                raise ContextOverflow(f"slot {call.slot}: {state.committed} cached + {call.rows} new rows exceed "
+                                      f"the context of {self.info.context_length}")
+        out: list[TorchLogits | None] = [None] * len(calls)
+        decode = [i for i, call in enumerate(calls) if not call.unread]
+        groups = ([decode] if decode else []) + [[i] for i, call in enumerate(calls) if call.unread]
+        before = (self._keys, self._values, {s: replace(state) for s, state in self._slots.items()})
+        try:
+            for group in groups:
+                group_calls = [calls[i] for i in group]
+                shared = len(group_calls) >= SHARED_FORWARD_SHARE * len(self._slots) and not group_calls[0].unread
+                for i, logits in zip(group, self._forward(group_calls, shared)):
+                    out[i] = logits
+        except BaseException:
+            self._keys, self._values, self._slots = before
+            raise
+        return [logits for logits in out if logits is not None]
+
+    def _forward(self, calls: list[VerifyCall], shared: bool) -> list[TorchLogits]:
+        """One forward over `calls` (distinct, non-provisional slots): in place over every batch
+        row when `shared`, else over a copy of the calls' rows; the slots' state is updated."""
+        states = [self._slots[call.slot] for call in calls]
+        if shared:
+            call_of = {call.slot: call for call in calls}
+            by_row = sorted(self._slots.items(), key=lambda item: item[1].row)  # batch row j is entry j
+            entries = [(state.committed, call_of.get(slot)) for slot, state in by_row]
+            past = self.length
+            keys, values = self._keys, self._values
+        else:
+            entries = [(s.committed, call) for s, call in zip(states, calls)]
+            past = max(s.committed for s in states)
+            index = torch.tensor([s.row for s in states], dtype=torch.long, device=self.device)
+            with torch.inference_mode():
+                keys = [k[:, :, :past].index_select(0, index) for k in self._keys]
+                values = [v[:, :, :past].index_select(0, index) for v in self._values]
+        width = max(call.rows for call in calls)
+        batch_row = {call.slot: j for j, (_, call) in enumerate(entries) if call is not None}
+        ids = torch.zeros((len(entries), width), dtype=torch.long)
+        positions = torch.zeros((len(entries), width), dtype=torch.long)
+        for j, (committed, call) in enumerate(entries):
+            if call is None:
+                continue
+            ids[j, : call.rows] = torch.tensor(_row_tokens(call))
+            positions[j, : call.rows] = torch.from_numpy(_row_positions(committed, call))
+        plain = len(entries) == 1 and entries[0][0] == past and _is_plain(calls[0])
+        mask = None if plain else self._additive(visible_rows(entries, past, width))
+        first = min(len(call.unread) for call in calls)  # logits of rows [first, R) are kept
+        cache = _wrap(keys, values)
+        with torch.inference_mode():
+            out = self.model(input_ids=ids.to(self.device), position_ids=positions.to(self.device),
+                             attention_mask=mask, use_cache=True, **{self._cache_kwarg: cache},
+                             logits_to_keep=width - first)
+            new_keys, new_values = _unwrap(cache)
+            if any(k.shape[2] != past + width for k in new_keys):
+                raise BackendError("the model did not append one KV column per row to every layer")
+            if shared:
+                self._keys, self._values = new_keys, new_values
+            else:
+                self._merge(states, new_keys, new_values, past + width)
+        logits = []
+        for call, state in zip(calls, states):
+            u, n = len(call.unread), call.rows - len(call.unread)
+            state.committed += u  # the unread rows are context: committed, whatever the round's outcome
+            state.start, state.rows, state.round_ = past + u, n, call.round_
+            j = batch_row[call.slot]
+            logits.append(TorchLogits(out.logits[j, u - first : u - first + n]))
+        return logits
+
+    def _merge(self, states: list[_Slot], keys: list[torch.Tensor], values: list[torch.Tensor], end: int) -> None:
+        """Copy the columns from each slot's committed length on of a forward over copied rows
+        into the slots' batch rows (growing every row to `end` columns when needed)."""
+        grow = end - self.length
+        if grow > 0:
+            pad = torch.zeros((len(self._slots), self._shape[0], grow, self._shape[1]), dtype=self.model.dtype,
+                              device=self.device)
+            self._keys = [torch.cat([k, pad], dim=2) for k in self._keys]
+            self._values = [torch.cat([v, pad], dim=2) for v in self._values]
+        for j, state in enumerate(states):
+            c = state.committed
+            for big, small in zip(self._keys + self._values, keys + values):
+                big[state.row, :, c:end] = small[j, :, c:end]
+
+    def _additive(self, visible: torch.Tensor) -> torch.Tensor:
+        """[B', Q, K] bool -> additive mask [B', 1, Q, K] in the model's dtype."""
+        dtype = self.model.dtype
+        mask = torch.zeros(visible.shape, dtype=dtype)
+        mask.masked_fill_(~visible, torch.finfo(dtype).min)
+        return mask[:, None].to(self.device)
+
+    # ---- settle --------------------------------------------------------------------------
+    def commit(self, slot: int, accepted_rows: Sequence[int]) -> None:
+        state = self._slot(slot)
+        if not state.rows:
+            raise BackendError(f"slot {slot}: commit() without a provisional verify")
+        check_path(state.round_, accepted_rows)
+        c, p = state.committed, state.start
+        src = [p] + [p + 1 + int(r) for r in accepted_rows]
+        if src != list(range(c, c + len(src))):
+            index = torch.tensor(src, dtype=torch.long, device=self.device)
+            with torch.inference_mode():
+                for tensor in self._keys + self._values:
+                    row = tensor[state.row]  # [H, L, D]
+                    row[:, c : c + len(src)] = row.index_select(1, index)
+        state.committed, state.start, state.rows, state.round_ = c + len(src), -1, 0, None
+        self._settle()
+
+    def rollback(self, slot: int) -> None:
+        state = self._slot(slot)
+        state.start, state.rows, state.round_ = -1, 0, None
+        self._settle()
+
+    def truncate(self, slot: int, length: int) -> None:
+        state = self._slot(slot)
+        state.start, state.rows, state.round_ = -1, 0, None
+        state.committed = min(state.committed, max(0, int(length)))
+        self._settle()
+
+    def kv_bytes(self, slot: int | None = None) -> int:
+        if slot is not None:
+            state = self._slot(slot)
+            return (state.committed + state.rows) * self._row_bytes
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in self._keys + self._values}
+        return sum(storages.values()) if self._slots else 0
+
+    # ---- text ----------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return self._backend.tokenize(text, add_special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self._backend.detokenize(tokens)
+
+    def chat_prompt(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        return self._backend.chat_prompt(messages)
+
+
+def _wrap(keys: list[torch.Tensor], values: list[torch.Tensor]) -> Any:
+    """A DynamicCache over these tensors (no copy: the forward's concatenation makes new ones)."""
+    from transformers import DynamicCache
+
+    cache: Any = DynamicCache(ddp_cache_data=[(k[:, :, :0], v[:, :, :0]) for k, v in zip(keys, values)])
+    for layer, k, v in zip(cache.layers, keys, values):
+        layer.keys, layer.values = k, v
+    return cache
+
+
+def _unwrap(cache: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Every layer's K and V after a forward (refused unless every layer holds them)."""
+    keys, values = [], []
+    for layer in cache.layers:
+        if not (isinstance(layer.keys, torch.Tensor) and isinstance(layer.values, torch.Tensor)):
+            raise BackendError("a layer of the model kept no KV rows: batched decoding needs every layer's")
+        keys.append(layer.keys)
+        values.append(layer.values)
+    return keys, values
+
+
+def _row_tokens(call: VerifyCall) -> list[int]:
+    return [int(x) for x in call.unread] + [int(call.pending)] + \
+        ([] if call.round_ is None else call.round_.token_ids.tolist())
+
+
+def _row_positions(committed: int, call: VerifyCall) -> np.ndarray:
+    """Positions of a call's rows, as `TransformersBackend.verify` gives them."""
+    t = committed + len(call.unread)  # the pending token's position
+    if _is_plain(call):
+        return np.arange(committed, committed + call.rows, dtype=np.int64)
+    assert call.round_ is not None
+    return np.concatenate([np.arange(committed, t + 1, dtype=np.int64), call.round_.position_ids.astype(np.int64)])
+
+
+def _is_plain(call: VerifyCall) -> bool:
+    """Rows in a line (pending only, or a chain): the causal order is the tree's."""
+    return call.round_ is None or _is_chain(call.round_)
