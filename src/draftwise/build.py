@@ -11,15 +11,17 @@ live in the frozen config dataclasses of each component; this module only reads 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from draftwise.backends.base import Backend
+from draftwise.backends.batch import BatchBackend
+from draftwise.batch import BatchDecoder
 from draftwise.cost_profile import VerifyCostProfile
-from draftwise.engine import GenerationResult, SpeculativeDecoder
+from draftwise.engine import GenerationConfig, GenerationResult, SpeculativeDecoder
 from draftwise.errors import InputError
 from draftwise.gate import CostGateConfig
 from draftwise.proposers.base import Proposer
-from draftwise.proposers.family import DrafterResources
+from draftwise.proposers.family import DrafterFamily, DrafterResources
 from draftwise.spec import AutoGate, Choice, DecoderSpec, GateProfile, concrete_drafter, fitted_generation
 from draftwise.text_stream import TextPieces
 from draftwise.verify.registry import make_verifier
@@ -89,6 +91,23 @@ class Decoder:
     def plain(self) -> "Decoder":
         return self.with_spec(self.spec.plain())
 
+    def batch(self, max_batch: int = 8) -> BatchDecoder:
+        """A batch engine on this decoder's target: up to `max_batch` requests share each round
+        (`submit`, `cancel`, `step`, `events`, `generate_many`), each with this configuration and
+        its own generation settings."""
+        from draftwise.backends.load import open_batch
+
+        return batch_decoder(self.spec, open_batch(self.target, max_batch), self.draft)
+
+    def generate_many(self, prompts: Sequence[Prompt], chat: bool = False, max_batch: int = 8,
+                      configs: Sequence[GenerationConfig] | None = None) -> list[GenerationResult | BaseException]:
+        """Every prompt decoded in shared rounds (up to `max_batch` at once, the rest joining as
+        others finish); each entry the request's result or the error it alone ended with.
+        `configs`: per-request generation settings (max_new_tokens, policy, seed, stop strings;
+        tree limits, exactness and the gate stay this decoder's)."""
+        ids = [self.prompt_ids(p, chat) for p in prompts]
+        return self.batch(max_batch).generate_many(ids, configs)
+
     def sized(self, max_new_tokens: int) -> "Decoder":
         generation = replace(self.spec.generation, max_new_tokens=max_new_tokens)
         return replace(self, engine=build_decoder(replace(self.spec, generation=generation), self.target, self.draft))
@@ -107,7 +126,7 @@ def make_proposers(spec: DecoderSpec, target: Backend, draft: Backend | None = N
     return [drafter.family.make(drafter.config, DrafterResources(target, draft))]
 
 
-def gate_config(spec: DecoderSpec, target: Backend) -> CostGateConfig | None:
+def gate_config(spec: DecoderSpec, target: Backend | BatchBackend) -> CostGateConfig | None:
     """The cost gate's settings from a measured verify profile of this target and backend."""
     if spec.gate is None:
         return None
@@ -123,10 +142,39 @@ def gate_config(spec: DecoderSpec, target: Backend) -> CostGateConfig | None:
 
 def build_decoder(spec: DecoderSpec, target: Backend, draft: Backend | None = None) -> SpeculativeDecoder:
     """The engine of a concrete spec on loaded backends."""
+    return _engine(spec, target, draft, gate_config(spec, target))
+
+
+def _engine(spec: DecoderSpec, target: Backend, draft: Backend | None, gate: CostGateConfig | None,
+            ) -> SpeculativeDecoder:
     proposers = make_proposers(spec, target, draft)
     verifier = make_verifier(spec.verifier, [p.contract for p in proposers], spec.generation.policy)
-    generation = replace(fitted_generation(spec), gate=gate_config(spec, target))
+    generation = replace(fitted_generation(spec), gate=gate)
     return SpeculativeDecoder(verifying_target(proposers, target), proposers, verifier, generation)
+
+
+def batch_decoder(spec: DecoderSpec, target: BatchBackend, draft: Backend | None = None) -> BatchDecoder:
+    """A batch engine for a concrete spec: each request gets its own engine (proposers, verifier
+    bound for its policy, gate state) on its own slot of `target`."""
+    drafter = concrete_drafter(spec)
+    if drafter is not None and not drafter.family.batched:
+        families = ", ".join(f.name for f in _batched_families())
+        raise InputError(f"proposer {drafter.name} keeps model state (a draft model's KV or the target's hidden "
+                         f"states) that requests in one batch would share; batched decoding runs {families} or none")
+    gate = gate_config(spec, target)  # the profile is read once, for every request
+
+    def decoder_for(slot: Backend, config: GenerationConfig) -> SpeculativeDecoder:
+        generation = replace(spec.generation, max_new_tokens=config.max_new_tokens, policy=config.policy,
+                             seed=config.seed, stop_strings=config.stop_strings)
+        return _engine(replace(spec, generation=generation), slot, draft, gate)
+
+    return BatchDecoder(target, decoder_for, spec.generation)
+
+
+def _batched_families() -> list[DrafterFamily[Any]]:
+    from draftwise.proposers.registry import DRAFTERS
+
+    return [f for f in DRAFTERS.families() if f.batched]
 
 
 def verifying_target(proposers: list[Proposer], target: Backend) -> Backend:

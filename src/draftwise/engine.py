@@ -26,6 +26,7 @@ from draftwise.contracts import ProposalResult, RoundManifest, TopologyKind
 from draftwise.errors import ContractError
 from draftwise.errors import InputError
 from draftwise.gate import CostGate, CostGateConfig, check_gateable, gate_round
+from draftwise.logits import TargetLogits
 from draftwise.proposers.base import Proposer, RoundFeedback
 from draftwise.sampling import SamplingPolicy
 from draftwise.stats import GenerationStats, RoundRecord, summarize
@@ -51,6 +52,17 @@ class GenerationConfig:
             if not stop:  # "" is in every text: it would stop every generation at its first token
                 raise InputError(f"stop string {number} is empty: it would end every generation at its first token")
             check_utf8(stop, f"stop string {number}")
+
+
+@dataclass(frozen=True)
+class VerifyRequest:
+    """Where a round needs the target: the pending token and the round's candidate rows (None:
+    the pending token alone), after `unread` tokens (the prompt, in round 1) that the same
+    forward reads first.  The answer is that forward's logits (row 0 pending, r + 1 candidate r)."""
+
+    pending: int
+    round_: CompiledRound | None
+    unread: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -166,6 +178,27 @@ class SpeculativeDecoder:
     def rounds(self, prompt: Sequence[int]) -> Generator[list[int], None, GenerationResult]:
         """Decode round by round: yields each round's published tokens (never empty) and
         returns the `GenerationResult`.  Closing the generator early leaves the target consistent."""
+        run = self.coroutine(prompt)
+        reply: TargetLogits | None = None
+        try:
+            while True:
+                step = run.send(reply)
+                if isinstance(step, VerifyRequest):
+                    reply = self.target.verify(step.pending, step.round_, unread=step.unread)
+                else:
+                    reply = None
+                    yield step
+        except StopIteration as done:
+            result: GenerationResult = done.value
+            return result
+        finally:
+            run.close()  # a round cut short (an error, an abandoned stream) is rolled back by its `finally`
+
+    def coroutine(self, prompt: Sequence[int]) -> Generator[VerifyRequest | list[int], TargetLogits | None, GenerationResult]:
+        """The generation as a coroutine that stops wherever a round needs the target's forward:
+        it yields a `VerifyRequest` and is sent that verify's logits, or yields the tokens a round
+        published (and is sent None).  `rounds` runs the verify on `self.target` itself; the batch
+        engine (`draftwise.batch`) gathers every request's `VerifyRequest` into one forward."""
         config = self.config
         if not prompt:
             raise InputError("the prompt has no tokens")
@@ -188,7 +221,7 @@ class SpeculativeDecoder:
         self.target.reset()
         try:
             while emitter.stop_reason is None:
-                record, emitted = self._round(context, emitter, rng, gate)
+                record, emitted = yield from self._round(context, emitter, rng, gate)
                 records.append(record)
                 context.extend(emitted)
                 if emitted:
@@ -209,8 +242,8 @@ class SpeculativeDecoder:
             verifier=self.verifier.capabilities.name,
         )
 
-    def _round(self, context: list[int], emitter: _Emitter, rng: np.random.Generator,
-               gate: CostGate | None) -> tuple[RoundRecord, list[int]]:
+    def _round(self, context: list[int], emitter: _Emitter, rng: np.random.Generator, gate: CostGate | None,
+               ) -> Generator[VerifyRequest, TargetLogits | None, tuple[RoundRecord, list[int]]]:
         """One round.  The first also reads the prompt (its `unread` rows) in the verify forward."""
         seconds: dict[str, float] = {}
         limits = round_limits(self.config.limits, len(context), self.target.info.context_length,
@@ -237,7 +270,8 @@ class SpeculativeDecoder:
         round_, gated = gate_round(gate, offered, reads_prompt=reads_prompt)
         seconds["compile"], clock = _lap(clock)
 
-        logits = self.target.verify(context[-1], round_ if round_.n else None, unread=unread)
+        logits = yield VerifyRequest(context[-1], round_ if round_.n else None, tuple(unread))
+        assert logits is not None, "a verify request is answered with the target's logits"
         kv_bytes = self.target.kv_bytes()
         seconds["prefill" if reads_prompt else "verify"], clock = _lap(clock)
 

@@ -67,8 +67,8 @@ class LogitsPathBackend:
 LOGITS_PATHS = {path: (lambda backend, path=path: LogitsPathBackend(backend, path)) for path in ("numpy", "torch")}
 
 
-def exact_joint(target: TransformersBackend, policy: SamplingPolicy) -> np.ndarray:
-    """[V, V]: P(first emitted token = a, second = b) under the target alone."""
+def exact_joint(target: TransformersBackend, policy: SamplingPolicy, prompt: Sequence[int] = PROMPT) -> np.ndarray:
+    """[V, V]: P(first emitted token = a, second = b) after `prompt` under the target alone."""
 
     def next_probs(tokens: Sequence[int]) -> np.ndarray:
         target.reset()
@@ -78,8 +78,8 @@ def exact_joint(target: TransformersBackend, policy: SamplingPolicy) -> np.ndarr
         target.rollback()
         return p
 
-    p1 = next_probs(PROMPT)
-    return np.stack([p1[x] * next_probs(PROMPT + [x]) for x in range(V)])
+    p1 = next_probs(list(prompt))
+    return np.stack([p1[x] * next_probs([*prompt, x]) for x in range(V)])
 
 
 def first_two_counts(target, proposer, verifier, policy: SamplingPolicy, samples: int) -> np.ndarray:

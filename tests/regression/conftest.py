@@ -102,6 +102,11 @@ def bad_files(tmp_path_factory) -> dict[str, str]:
     write("garbage.gguf", b"this is not a model\n" * 50)
     write("empty.gguf", b"")
     write("model.txt", b"a text file, not a model\n")
+    write("prompts-empty.txt", b"\n  \n")
+    write("prompts-bad.jsonl", b'{"prompt": "fine"}\n{not json\n')
+    write("prompts-noprompt.jsonl", b'{"text": "no prompt key"}\n')
+    write("prompts-binary.txt", b"\xff\xfe hello\n")
+    write("prompts-ok.txt", b"hello\n")
     from draftwise.models import REGISTRY, cache_dir
 
     model_file = cache_dir() / REGISTRY[MODEL].filename

@@ -113,6 +113,15 @@ ROWS += [
 
 # ---- numbers: token counts, sampling policy, tree limits ---------------------------------------------------
 ROWS += [
+    cli("prompts-missing-file", ["generate", "--prompts", "{missing}"], InputError, "--prompts", "does-not-exist"),
+    cli("prompts-empty-file", ["generate", "--prompts", "{prompts_empty_txt}"], InputError, "holds no prompt"),
+    cli("prompts-bad-jsonl", ["generate", "--prompts", "{prompts_bad_jsonl}"], InputError, "line 2", "not JSON"),
+    cli("prompts-without-prompt-key", ["generate", "--prompts", "{prompts_noprompt_jsonl}"], InputError,
+        "line 1", '"prompt" string'),
+    cli("prompts-not-utf8", ["generate", "--prompts", "{prompts_binary_txt}"], InputError, "not valid UTF-8"),
+    cli("prompts-and-prompt", ["generate", "hi", "--prompts", "{prompts_ok_txt}"], InputError, "not both"),
+    cli("prompts-batch-zero", ["generate", "--prompts", "{prompts_ok_txt}", "--batch", "0"], InputError, "--batch 0"),
+    cli("no-prompt", ["generate"], InputError, "give a prompt, or --prompts FILE"),
     cli("max-new-tokens-zero", ["generate", "hi", "--max-new-tokens", "0"], InputError, "max_new_tokens must be >= 1"),
     cli("max-new-tokens-negative", ["generate", "hi", "--max-new-tokens", "-5"], InputError,
         "max_new_tokens must be >= 1", "-5"),

@@ -207,7 +207,7 @@ def test_every_documented_command_parses(command: DocCommand):
 @pytest.mark.parametrize("args, complete", [
     (["generate", "--no-such-option", "x"], True),
     (["generate", "--no-such-option", "x"], False),
-    (["generate", "--chat"], True),  # the prompt is missing
+    (["generate", "hi", "--batch", "many"], True),  # not an integer
     (["generate", "hello", "again"], True),  # an extra argument
     (["generate", "hello", "--temperature", "warm"], True),  # not a float
     (["profile", "--out", "prof", "--repeats", "many"], False),

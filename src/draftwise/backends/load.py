@@ -12,6 +12,7 @@ from draftwise.errors import InputError
 from draftwise.models import ResolvedModel, resolve
 
 if TYPE_CHECKING:
+    from draftwise.backends.batch import BatchBackend
     from draftwise.backends.invariance import StrictScope
 
 BACKENDS = ("auto", "transformers", "llamacpp")
@@ -91,3 +92,21 @@ def default_loader(threads: int | None = None, device: str = "cpu", dtype: Dtype
         return load_backend(model, backend, threads, device=device, dtype=dtype,
                             strict=strict if role == "target" else None)
     return load
+
+
+def open_batch(target: Backend, max_slots: int) -> BatchBackend:
+    """A batch backend on `target`'s loaded model: up to `max_slots` requests, each with its own KV."""
+    if max_slots < 1:
+        raise InputError(f"a batch holds at least 1 request, not {max_slots}")
+    if target.info.name == "llamacpp":
+        from draftwise.backends.llamacpp import LlamaCppBackend
+        from draftwise.backends.llamacpp_multi import LlamaCppBatch
+
+        assert isinstance(target, LlamaCppBackend)
+        return LlamaCppBatch.from_backend(target, max_slots)
+    from draftwise.backends.transformers import TransformersBackend
+    from draftwise.backends.transformers_batch import TransformersBatch
+
+    if not isinstance(target, TransformersBackend):
+        raise InputError(f"batched decoding runs on the transformers and llama.cpp backends, not {target.info.name}")
+    return TransformersBatch.from_backend(target, max_slots)

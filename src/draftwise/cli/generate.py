@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from draftwise.api import open_decoder
+from draftwise.api import Decoder, open_decoder
 from draftwise.cli.common import DEFAULTS, DTYPE_HELP, dim, err, fail, quiet_llama_cpp, split_settings
 from draftwise.engine import GenerationConfig, GenerationResult
 from draftwise.errors import DraftwiseError, InputError
@@ -28,7 +30,11 @@ from draftwise.verify.registry import VERIFIERS
 
 
 def generate(
-    prompt: str = typer.Argument(..., help="Prompt text (use --chat to wrap it in the model's chat template)."),
+    prompt: Optional[str] = typer.Argument(None, help="Prompt text (use --chat to wrap it in the model's chat template); "
+                                           "or --prompts FILE."),
+    prompts_file: Optional[Path] = typer.Option(None, "--prompts", help="Many requests decoded in shared rounds: a .jsonl "
+                                                "file of {\"prompt\": ...} objects, or a text file of one prompt per line."),
+    batch: int = typer.Option(8, "--batch", help="With --prompts: requests in flight at once (the rest join as others finish)."),
     chat: bool = typer.Option(False, "--chat", help="Apply the model's chat template."),
     target: str = typer.Option(DEFAULTS.target, help="Target model: alias, .gguf file, directory or hub id."),
     draft: Optional[str] = typer.Option(None, help="Draft model, for a proposer that drafts with one (draft-model)."),
@@ -68,9 +74,12 @@ def generate(
              "ngram": lookup_ngram, "candidates": lookup_candidates, "index": index, "gate": gate,
              "calibration": calibration_workload if proposer == "auto" else None, "strict": "true" if strict else None}
     try:
-        check_utf8(prompt)  # before a model is loaded: the same refusal the backends give (draftwise.text)
-        if not prompt:
-            raise InputError("the prompt is empty: give the text to continue (or, with --chat, the message to answer)")
+        many = _requests(prompt, prompts_file, batch)
+        if many is None:
+            assert prompt is not None
+            check_utf8(prompt)  # before a model is loaded: the same refusal the backends give (draftwise.text)
+            if not prompt:
+                raise InputError("the prompt is empty: give the text to continue (or, with --chat, the message to answer)")
         policy = SamplingPolicy(temperature=temperature, top_k=top_k, top_p=top_p)
         base = DecoderSpec(target=target, backend=backend, draft=draft, verifier=verifier, threads=threads, dtype=dtype,
                            generation=GenerationConfig(max_new_tokens=max_new_tokens, policy=policy, seed=seed,
@@ -84,6 +93,10 @@ def generate(
         quiet_llama_cpp()
         with progress_to(None if as_json else dim):
             decoder = open_decoder(spec, calibration=calibration_workload)
+        if many is not None:
+            _generate_many(decoder, many, chat, batch, compare_ar, as_json)
+            return
+        assert prompt is not None
         prompt_ids = decoder.prompt_ids(prompt, chat)
         if not decoder.engine.verifier.capabilities.exact and not as_json:  # said before a single token is printed
             err.print("[bold yellow]warning:[/] a heuristic verifier makes this output: it is NOT distributed "
@@ -107,6 +120,100 @@ def generate(
     else:
         sys.stdout.write("\n")
         _print_stats(report)
+
+
+def _requests(prompt: str | None, path: Path | None, batch: int) -> list[str] | None:
+    """The prompts of --prompts FILE (None: one prompt, given as the argument)."""
+    if path is None:
+        if prompt is None:
+            raise InputError("give a prompt, or --prompts FILE")
+        return None
+    if prompt is not None:
+        raise InputError("give a prompt or --prompts FILE, not both")
+    if batch < 1:
+        raise InputError(f"--batch {batch}: at least 1 request in flight")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise InputError(f"--prompts {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"--prompts {path} is not valid UTF-8 (byte {exc.start})") from None
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if path.suffix == ".jsonl":
+        prompts = []
+        for n, line in lines:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"--prompts {path} line {n}: not JSON ({exc.msg})") from None
+            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"]:
+                raise InputError(f"--prompts {path} line {n}: expected an object with a non-empty \"prompt\" string")
+            prompts.append(row["prompt"])
+    else:
+        prompts = [line for _, line in lines]
+    if not prompts:
+        raise InputError(f"--prompts {path} holds no prompt")
+    for i, text_ in enumerate(prompts):
+        check_utf8(text_, f"prompt {i}")
+    return prompts
+
+
+def _generate_many(decoder: Decoder, prompts: list[str], chat: bool, batch: int, compare_ar: bool,
+                   as_json: bool) -> None:
+    """Every prompt decoded in shared rounds, a line (or JSON object) per request, then the batch's figures."""
+    start = time.perf_counter()
+    results = decoder.generate_many(prompts, chat=chat, max_batch=batch)
+    wall = time.perf_counter() - start
+    plain: list[GenerationResult | BaseException] | None = None
+    plain_wall = 0.0
+    if compare_ar:
+        start = time.perf_counter()
+        plain = decoder.plain().generate_many(prompts, chat=chat, max_batch=batch)
+        plain_wall = time.perf_counter() - start
+    rows = []
+    for i, result in enumerate(results):
+        if isinstance(result, BaseException):
+            rows.append({"request": i, "error": str(result)})
+            continue
+        row = {"request": i, "text": result.text, "new_tokens": result.stats.new_tokens,
+               "stop_reason": result.stop_reason, "rounds": result.stats.rounds,
+               "mean_accepted": round(result.stats.mean_accepted, 4), "tokens_per_s": round(result.stats.tokens_per_s, 3)}
+        if plain is not None and isinstance(plain[i], GenerationResult):
+            row["identical_to_ar"] = result.tokens == plain[i].tokens if decoder.spec.generation.policy.greedy else None
+        rows.append(row)
+    summary = _batch_summary(results, wall, batch, plain, plain_wall, decoder.spec.generation.policy.greedy)
+    if as_json:
+        print(json.dumps({"requests": rows, "summary": summary}))
+        return
+    for row in rows:
+        head = f"[request {row['request']}]"
+        print(f"{head} error: {row['error']}" if "error" in row else f"{head} {row['text']}")
+    table = Table(title="draftwise (batch)", show_header=False)
+    for key, value in summary.items():
+        table.add_row(key, str(value))
+    err.print(table)
+
+
+def _batch_summary(results: list[GenerationResult | BaseException], wall: float, batch: int,
+                   plain: list[GenerationResult | BaseException] | None, plain_wall: float, greedy: bool) -> dict:
+    done = [r for r in results if isinstance(r, GenerationResult)]
+    tokens = sum(r.stats.new_tokens for r in done)
+    summary: dict = {"requests": len(results), "failed": len(results) - len(done), "batch": batch,
+                     "new_tokens": tokens, "wall_s": round(wall, 3),
+                     "tokens_per_s": round(tokens / wall, 3) if wall else None}
+    if done:
+        per_request = sorted(r.stats.tokens_per_s for r in done)
+        summary["request_tokens_per_s_median"] = round(per_request[len(per_request) // 2], 3)
+        summary["mean_accepted"] = round(sum(r.stats.mean_accepted for r in done) / len(done), 4)
+    if plain is not None:
+        plain_tokens = sum(r.stats.new_tokens for r in plain if isinstance(r, GenerationResult))
+        summary["ar_tokens_per_s"] = round(plain_tokens / plain_wall, 3) if plain_wall else None
+        if summary["tokens_per_s"] and summary["ar_tokens_per_s"]:
+            summary["speedup"] = round(summary["tokens_per_s"] / summary["ar_tokens_per_s"], 3)
+        pairs = [(r, p) for r, p in zip(results, plain) if isinstance(r, GenerationResult) and isinstance(p, GenerationResult)]
+        if greedy:
+            summary["identical_to_ar"] = f"{sum(r.tokens == p.tokens for r, p in pairs)}/{len(pairs)}"
+    return summary
 
 
 def _exactness(target, prompt_ids: list[int], result: GenerationResult, plain: GenerationResult,

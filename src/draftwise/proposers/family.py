@@ -49,6 +49,9 @@ class DrafterFamily(Generic[C]):
     free_to_ask: bool = False  # proposing costs ~nothing, so a cost gate may cut it (the gate prices t(n) only)
     auto_candidate: bool = False  # `--proposer auto` may choose it
     auto_tree: bool = False  # `tree=auto` is planned for it from measured artifacts
+    # each request of a batch may run its own proposer: it holds no model state (no draft KV,
+    # no target hidden states) that requests sharing one loaded model would share
+    batched: bool = False
     # the config whose rounds `draftwise calibrate` counts: width-W trees of depth D, children
     # drawn by the given relation (None: the family cannot be calibrated)
     calibrated: Callable[[int, int, SamplingRelation], C] | None = None

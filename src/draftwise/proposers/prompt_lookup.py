@@ -112,6 +112,7 @@ FAMILY = DrafterFamily(
     build=lambda config, resources: PromptLookupProposer(config),
     summary="copy what followed an earlier occurrence of the context's last n-gram",
     free_to_ask=True,
+    batched=True,
     auto_candidate=True,
     # width continuations of depth tokens (lookup is deterministic: the relation is its own)
     calibrated=lambda width, depth, relation: PromptLookupConfig(num_tokens=depth, max_candidates=width),

@@ -1,0 +1,257 @@
+"""Many requests in one round: continuous batching at round granularity.
+
+A `BatchDecoder` steps every active request one round at a time.  Each request is a
+`SpeculativeDecoder` of its own (its prompt, sampling policy, seed, stop rules,
+`max_new_tokens`, proposer state, gate state and statistics) running on its own slot of a
+`BatchBackend`: the engine's round is a coroutine that stops where it needs the target's logits
+(`engine.VerifyRequest`), so one round here is: every request proposes, ONE forward verifies
+every request's rows (`BatchBackend.verify_many`; the linearized rows carry `origin_request`),
+and every request selects, commits its own slot and publishes.  Requests join between rounds
+(`submit`; up to the backend's slots, the rest wait in order) and leave when they finish, fail or
+are cancelled, and their KV is freed at once.  A request that fails (context overflow, a
+proposer's error, a refused round) ends with its own error; the others go on untouched.  A
+shared forward that fails is retried request by request, so that only the request whose rows
+cannot be verified fails.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Generator, Iterator, Sequence
+
+import numpy as np
+
+from draftwise.backends.base import Backend
+from draftwise.backends.batch import BatchBackend, SlotView, VerifyCall, origin_request
+from draftwise.engine import GenerationConfig, GenerationResult, SpeculativeDecoder, VerifyRequest
+from draftwise.errors import InputError
+from draftwise.logits import TargetLogits
+
+# (the slot a request runs on, its generation config) -> its decoder
+DecoderFactory = Callable[[Backend, GenerationConfig], SpeculativeDecoder]
+Coroutine = Generator["VerifyRequest | list[int]", "TargetLogits | None", GenerationResult]
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Tokens a request published this round (never empty)."""
+
+    request: int
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Finished:
+    request: int
+    result: GenerationResult
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A request that ended with an error (`cancelled`: by `cancel`), its slot freed."""
+
+    request: int
+    error: BaseException
+    cancelled: bool = False
+
+
+Event = Tokens | Finished | Failed
+
+
+@dataclass(frozen=True)
+class BatchRound:
+    """One shared forward: who took part, how many rows each, and how long it took."""
+
+    requests: tuple[int, ...]
+    rows: tuple[int, ...]  # per request: unread + pending + candidates
+    seconds: float
+    retried: bool = False  # the shared forward failed and each request was verified alone
+
+    @property
+    def origin_request(self) -> np.ndarray:
+        """[sum(rows)] request id of every row of the linearized batch."""
+        return np.repeat(np.asarray(self.requests, dtype=np.int64), self.rows)
+
+
+@dataclass
+class _Request:
+    id: int
+    prompt: tuple[int, ...]
+    config: GenerationConfig
+    view: SlotView | None = None
+    run: Coroutine | None = None
+    waiting: VerifyRequest | None = None  # the round's verify it is stopped at
+
+
+@dataclass
+class BatchDecoder:
+    """Steps up to `target.max_slots` requests per round; `events()` runs until every request ended."""
+
+    target: BatchBackend
+    decoder_for: DecoderFactory
+    default: GenerationConfig = field(default_factory=GenerationConfig)
+    rounds: list[BatchRound] = field(default_factory=list)
+    _queue: deque[_Request] = field(default_factory=deque)
+    _active: dict[int, _Request] = field(default_factory=dict)
+    _cancelled: set[int] = field(default_factory=set)
+    _next_id: int = 0
+
+    # ---- requests ------------------------------------------------------------------------
+    def submit(self, prompt: Sequence[int], config: GenerationConfig | None = None) -> int:
+        """Queue a request (token ids); it joins at the next round with a free slot.  Returns its id."""
+        if not prompt:
+            raise InputError("the prompt has no tokens")
+        request = _Request(self._next_id, tuple(int(t) for t in prompt), config or self.default)
+        self._next_id += 1
+        self._queue.append(request)
+        return request.id
+
+    def cancel(self, request: int) -> None:
+        """End a request at the next round boundary (its KV freed then); unknown ids are ignored."""
+        self._cancelled.add(request)
+
+    @property
+    def active(self) -> tuple[int, ...]:
+        return tuple(self._active)
+
+    @property
+    def queued(self) -> tuple[int, ...]:
+        return tuple(r.id for r in self._queue)
+
+    def idle(self) -> bool:
+        return not self._active and not self._queue
+
+    # ---- rounds --------------------------------------------------------------------------
+    def step(self) -> list[Event]:
+        """One round for every active request (admitting queued ones first)."""
+        events: list[Event] = self._drop_cancelled()
+        self._admit(events)
+        for request in list(self._active.values()):
+            if request.waiting is None:  # just admitted: run it to its first verify
+                self._advance(request, None, events)
+        waiting = [r for r in self._active.values() if r.waiting is not None]
+        if waiting:
+            for request, logits in self._verify(waiting):
+                if isinstance(logits, BaseException):
+                    self._throw(request, logits, events)
+                else:
+                    request.waiting = None
+                    self._advance(request, logits, events)
+        return events
+
+    def events(self) -> Iterator[Event]:
+        while not self.idle():
+            yield from self.step()
+
+    def generate_many(self, prompts: Sequence[Sequence[int]],
+                      configs: Sequence[GenerationConfig] | None = None) -> list[GenerationResult | BaseException]:
+        """Every prompt decoded (in shared rounds); each a result or the error it ended with."""
+        if configs is not None and len(configs) != len(prompts):
+            raise InputError(f"{len(configs)} generation configs for {len(prompts)} prompts")
+        ids = [self.submit(p, None if configs is None else configs[i]) for i, p in enumerate(prompts)]
+        outcome: dict[int, GenerationResult | BaseException] = {}
+        for event in self.events():
+            if isinstance(event, Finished):
+                outcome[event.request] = event.result
+            elif isinstance(event, Failed):
+                outcome[event.request] = event.error
+        return [outcome[i] for i in ids]
+
+    # ---- internals -----------------------------------------------------------------------
+    def _admit(self, events: list[Event]) -> None:
+        while self._queue and len(self._active) < self.target.max_slots:
+            request = self._queue.popleft()
+            try:
+                request.view = SlotView(self.target, self.target.open())
+                request.run = self.decoder_for(request.view, request.config).coroutine(request.prompt)
+            except Exception as exc:  # a refused configuration or prompt ends this request only
+                self._release(request)
+                events.append(Failed(request.id, exc))
+                continue
+            self._active[request.id] = request
+
+    def _advance(self, request: _Request, reply: TargetLogits | None, events: list[Event]) -> None:
+        """Run the request's coroutine to its next verify (publishing what it emits on the way)."""
+        assert request.run is not None
+        try:
+            while True:
+                step = request.run.send(reply)
+                reply = None
+                if isinstance(step, VerifyRequest):
+                    request.waiting = step
+                    return
+                events.append(Tokens(request.id, tuple(step)))
+        except StopIteration as done:
+            self._end(request)
+            events.append(Finished(request.id, done.value))
+        except Exception as exc:
+            self._end(request)
+            events.append(Failed(request.id, exc))
+
+    def _throw(self, request: _Request, error: BaseException, events: list[Event]) -> None:
+        """The request's verify failed: raise it inside its round (which rolls its slot back)."""
+        assert request.run is not None
+        request.waiting = None
+        try:
+            request.run.throw(error)
+        except BaseException:
+            pass
+        self._end(request)
+        events.append(Failed(request.id, error))
+
+    def _verify(self, waiting: list[_Request]) -> list[tuple[_Request, TargetLogits | BaseException]]:
+        calls = []
+        for r in waiting:
+            assert r.waiting is not None and r.view is not None
+            calls.append(VerifyCall(r.view.slot, r.waiting.pending, r.waiting.round_, r.waiting.unread))
+        start = time.perf_counter()
+        try:
+            logits = self.target.verify_many(calls)
+        except Exception:
+            return self._verify_alone(waiting, calls, start)
+        self.rounds.append(BatchRound(tuple(r.id for r in waiting), tuple(c.rows for c in calls),
+                                      time.perf_counter() - start))
+        assert origin_request(calls).shape[0] == sum(c.rows for c in calls)
+        return list(zip(waiting, logits))
+
+    def _verify_alone(self, waiting: list[_Request], calls: list[VerifyCall],
+                      start: float) -> list[tuple[_Request, TargetLogits | BaseException]]:
+        out: list[tuple[_Request, TargetLogits | BaseException]] = []
+        for request, call in zip(waiting, calls):
+            try:
+                out.append((request, self.target.verify_many([call])[0]))
+            except Exception as exc:
+                out.append((request, exc))
+        self.rounds.append(BatchRound(tuple(r.id for r in waiting), tuple(c.rows for c in calls),
+                                      time.perf_counter() - start, retried=True))
+        return out
+
+    def _drop_cancelled(self) -> list[Event]:
+        events: list[Event] = []
+        for request_id in sorted(self._cancelled):
+            request = self._active.pop(request_id, None)
+            if request is None:
+                queued = next((r for r in self._queue if r.id == request_id), None)
+                if queued is None:
+                    continue
+                self._queue.remove(queued)
+                request = queued
+            elif request.run is not None:
+                request.run.close()  # its round's `finally` rolls the slot back
+            self._release(request)
+            events.append(Failed(request.id, InputError(f"request {request.id} was cancelled"), cancelled=True))
+        self._cancelled.clear()
+        return events
+
+    def _end(self, request: _Request) -> None:
+        self._active.pop(request.id, None)
+        self._release(request)
+
+    def _release(self, request: _Request) -> None:
+        if request.view is not None:
+            request.view.close()  # the slot's KV is freed now
+            request.view = None
+        request.run = None
+        request.waiting = None

@@ -1,0 +1,191 @@
+"""Many requests in one round (`draftwise.batch`) on the transformers backend: each request's
+output is the one it has decoded alone, whoever shared its rounds, joined or left; failures and
+cancellations stay with their request; seeded sampling inside a batch keeps the target's law."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from draftwise.backends.transformers_batch import TransformersBatch
+from draftwise.batch import BatchDecoder, Failed, Finished, Tokens
+from draftwise.build import batch_decoder, build_decoder
+from draftwise.engine import GenerationConfig
+from draftwise.errors import BackendError, InputError
+from draftwise.sampling import SamplingPolicy
+from tests.helpers import make_spec
+from tests.integration.tiny_models import V, chi_square_p, exact_joint, tiny_backend
+
+# prompts of different lengths that repeat themselves, so prompt lookup proposes from round 1
+PROMPTS = [[1, 2, 3, 1, 2], [4, 5, 4, 5, 4, 5, 6], [7, 1, 7, 1], [2, 3, 2, 3, 2, 3, 2, 3, 1], [6, 5, 4, 6, 5],
+           [3, 3, 3], [5, 1, 5, 1, 5, 2, 5]]
+GREEDY = GenerationConfig(max_new_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_backend(3)
+
+
+def solo(target, spec, prompt) -> tuple[int, ...]:
+    return build_decoder(spec, target).generate(prompt).tokens
+
+
+def batch_of(target, spec, max_slots: int) -> BatchDecoder:
+    return batch_decoder(spec, TransformersBatch.from_backend(target, max_slots))
+
+
+@pytest.mark.parametrize("options", [dict(proposer="none"), dict(proposer="prompt-lookup", lookup=3),
+                                     dict(proposer="prompt-lookup", lookup=2, candidates=3)],
+                         ids=["plain", "lookup-chain", "lookup-tree"])
+def test_greedy_batch_is_each_request_decoded_alone(tiny, options):
+    spec = make_spec(GREEDY, **options)
+    alone = [solo(tiny, spec, p) for p in PROMPTS]
+    batch = batch_of(tiny, spec, max_slots=3)  # 7 requests through 3 slots: joins and leaves between rounds
+    results = batch.generate_many(PROMPTS)
+    assert [r.tokens for r in results] == alone
+    shared = [r for r in batch.rounds if len(r.requests) > 1]
+    assert shared and max(len(r.requests) for r in batch.rounds) == 3
+    assert all(r.origin_request.shape[0] == sum(r.rows) for r in batch.rounds)
+    if options["proposer"] != "none":
+        assert sum(res.stats.mean_accepted > 0 for res in results) >= 3  # speculation really happened
+
+
+def test_events_stream_each_request_and_leave_at_once(tiny):
+    spec = make_spec(GREEDY, proposer="prompt-lookup")
+    target = TransformersBatch.from_backend(tiny, 4)
+    batch = batch_decoder(spec, target)
+    ids = [batch.submit(p, replace(GREEDY, max_new_tokens=n)) for p, n in zip(PROMPTS[:3], (3, 12, 6))]
+    streamed: dict[int, list[int]] = {i: [] for i in ids}
+    finished: dict[int, tuple[int, ...]] = {}
+    while not batch.idle():
+        for event in batch.step():
+            if isinstance(event, Tokens):
+                streamed[event.request].extend(event.tokens)
+            elif isinstance(event, Finished):
+                finished[event.request] = event.result.tokens
+                assert event.request not in batch.active  # left in the round it finished
+        assert len(target.open_slots()) == len(batch.active)  # a finished request's KV is freed at once
+    assert {i: tuple(t) for i, t in streamed.items()} == finished
+    assert [len(finished[i]) for i in ids] == [3, 12, 6]
+
+
+def test_a_failing_request_ends_alone_and_the_others_are_untouched(tiny):
+    spec = make_spec(GREEDY, proposer="prompt-lookup")
+    alone = [solo(tiny, spec, p) for p in PROMPTS[:3]]
+    batch = batch_of(tiny, spec, 4)
+    too_long = [1, 2] * 40  # 80 tokens: over the tiny model's context of 64
+    outcome = batch.generate_many([PROMPTS[0], too_long, PROMPTS[1], PROMPTS[2]])
+    assert isinstance(outcome[1], InputError) or isinstance(outcome[1], BackendError)
+    assert [outcome[0].tokens, outcome[2].tokens, outcome[3].tokens] == alone
+
+
+def test_a_proposer_error_mid_generation_fails_its_request_only(tiny):
+    spec = make_spec(GREEDY, proposer="prompt-lookup")
+    alone = [solo(tiny, spec, p) for p in PROMPTS[:2]]
+    target = TransformersBatch.from_backend(tiny, 3)
+    healthy = batch_decoder(spec, target).decoder_for
+
+    def decoder_for(slot, config):
+        decoder = healthy(slot, config)
+        if config.seed == 99:  # the planted failure: this request's proposer breaks in round 3
+            proposer = decoder.proposers[0]
+            calls = {"n": 0}
+            original = proposer.propose
+
+            def broken(*args, **kwargs):
+                calls["n"] += 1
+                if calls["n"] == 3:
+                    raise RuntimeError("planted proposer failure")
+                return original(*args, **kwargs)
+
+            proposer.propose = broken
+        return decoder
+
+    batch = BatchDecoder(target, decoder_for, GREEDY)
+    outcome = batch.generate_many([PROMPTS[0], PROMPTS[3], PROMPTS[1]],
+                                  [GREEDY, replace(GREEDY, seed=99), GREEDY])
+    assert isinstance(outcome[1], RuntimeError) and "planted" in str(outcome[1])
+    assert [outcome[0].tokens, outcome[2].tokens] == alone
+    assert target.open_slots() == ()
+
+
+def test_cancel_frees_the_slot_and_the_rest_go_on(tiny):
+    spec = make_spec(GREEDY, proposer="prompt-lookup")
+    alone = solo(tiny, spec, PROMPTS[1])
+    target = TransformersBatch.from_backend(tiny, 2)
+    batch = batch_decoder(spec, target)
+    first, second = batch.submit(PROMPTS[0]), batch.submit(PROMPTS[1])
+    batch.step()
+    batch.step()
+    batch.cancel(first)
+    third = batch.submit(PROMPTS[2])  # joins the freed slot
+    events = list(batch.events())
+    cancelled = [e for e in events if isinstance(e, Failed) and e.cancelled]
+    assert [e.request for e in cancelled] == [first]
+    finished = {e.request: e.result.tokens for e in events if isinstance(e, Finished)}
+    assert finished[second] == alone and finished[third] == solo(tiny, spec, PROMPTS[2])
+    assert target.open_slots() == ()
+
+
+def test_a_planted_fault_sending_logits_to_the_wrong_request_is_caught(tiny):
+    """The identity check above must fail if the engine mixed up whose logits are whose."""
+    spec = make_spec(GREEDY, proposer="none")
+    alone = [solo(tiny, spec, p) for p in PROMPTS[:3]]
+
+    class Rotated(BatchDecoder):
+        def _verify(self, waiting):
+            pairs = super()._verify(waiting)
+            logits = [logits for _, logits in pairs]
+            return list(zip([r for r, _ in pairs], logits[1:] + logits[:1]))
+
+    healthy = batch_of(tiny, spec, 3)
+    faulty = Rotated(healthy.target, healthy.decoder_for, GREEDY)
+    assert [r.tokens for r in faulty.generate_many(PROMPTS[:3])] != alone
+
+
+def test_seeded_sampling_does_not_depend_on_batch_mates(tiny):
+    policy = SamplingPolicy(temperature=1.0)
+    spec = make_spec(GenerationConfig(max_new_tokens=10, policy=policy), proposer="prompt-lookup")
+    config = GenerationConfig(max_new_tokens=10, policy=policy, seed=7)
+    alone = build_decoder(replace(spec, generation=replace(spec.generation, seed=7)), tiny).generate(PROMPTS[0]).tokens
+    for mates in ([PROMPTS[1], PROMPTS[2]], [PROMPTS[3]], [PROMPTS[4], PROMPTS[5], PROMPTS[6]]):
+        batch = batch_of(tiny, spec, 4)
+        configs = [config] + [replace(config, seed=s) for s in range(len(mates))]
+        assert batch.generate_many([PROMPTS[0], *mates], configs)[0].tokens == alone
+
+
+def test_sampling_inside_a_batch_emits_the_targets_law(tiny):
+    """Chi-square per request: 1200 seeded requests of one prompt, decoded 6 at a time with prompt
+    lookup drafting from round 1, emit the target's joint law of their first two tokens."""
+    policy = SamplingPolicy(temperature=1.0)
+    prompt = [1, 2, 1, 2, 1]  # lookup proposes "2 1" after "... 1"
+    spec = make_spec(GenerationConfig(max_new_tokens=2, policy=policy), proposer="prompt-lookup", lookup=2)
+    batch = batch_of(tiny, spec, 6)
+    samples = 1200
+    results = batch.generate_many([prompt] * samples,
+                                  [GenerationConfig(max_new_tokens=2, policy=policy, seed=s) for s in range(samples)])
+    counts = np.zeros((V, V))
+    for result in results:
+        assert result.records[0].nodes > 0, "round 1 must verify drafts for the test to mean anything"
+        counts[result.tokens[0], result.tokens[1]] += 1
+    assert chi_square_p(counts, exact_joint(tiny, policy, prompt)) > 1e-3
+
+
+def test_a_model_drafter_is_refused_for_batches_before_any_work(tiny):
+    with pytest.raises(InputError, match="batched decoding runs prompt-lookup"):
+        batch_decoder(make_spec(GREEDY, proposer="draft-model", draft="x"), TransformersBatch.from_backend(tiny, 2))
+
+
+@pytest.mark.model
+def test_real_model_batch_is_token_identical_to_plain_decoding(smol_target, smol_chat_and_plain):
+    """The embedded model, fp32: ten Spec-Bench chat prompts, four at a time, prompt lookup, each
+    request's greedy answer equal to its plain single-request answer."""
+    from tests.integration.conftest import GREEDY_NEW
+
+    spec = make_spec(GenerationConfig(max_new_tokens=GREEDY_NEW), proposer="prompt-lookup")
+    batch = batch_decoder(spec, TransformersBatch.from_backend(smol_target, 4))
+    results = batch.generate_many([p for p, _ in smol_chat_and_plain])
+    assert [r.tokens for r in results] == [plain for _, plain in smol_chat_and_plain]
