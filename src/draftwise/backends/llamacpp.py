@@ -140,12 +140,18 @@ class KvGeometry:
 
 
 class _Handles:
-    """The weights and the current context, freed together (the context first)."""
+    """The weights and the current context, freed together (the context first).  `dependents`
+    are other contexts on the same weights (`llamacpp_multi.LlamaCppBatch`): objects with a
+    `free()`, freed before the weights (a context must not outlive its model)."""
 
     def __init__(self, model, ctx) -> None:
         self.model, self.ctx = model, ctx
+        self.dependents: list = []
 
     def free(self) -> None:
+        for dependent in list(self.dependents):
+            dependent.free()
+        self.dependents.clear()
         llama_cpp.llama_free(self.ctx)
         llama_cpp.llama_model_free(self.model)
 
@@ -466,10 +472,7 @@ class LlamaCppBackend:
                 f"round has {len(leaves)} leaves but this context was built for {self.max_tree_leaves} "
                 "(reserve a larger tree budget first)"
             )
-        n = round_.n
-        member = np.zeros((1 + n, 1 + len(leaves)), dtype=bool)  # [1+N, 1+L] row in sequence?
-        member[0] = True  # the pending token: sequence 0 and every leaf
-        member[1:, 1:] = round_.ancestor_mask[leaves].T  # row r lies on leaf i's path
+        member = tree_membership(round_, leaves)  # [1+N, 1+L]
         for s in range(1, 1 + len(leaves)):
             llama_cpp.llama_memory_seq_cp(self._mem, 0, s, -1, -1)
         self._batch.set_tree(tokens, positions, member)
@@ -513,16 +516,7 @@ class LlamaCppBackend:
             self._rows_hidden = None
 
     def _seq_through(self, accepted_rows: Sequence[int]) -> int:
-        """A sequence holding the accepted rows (0 when none is accepted and sequence 0 is the
-        only one, or the chain holds them), after checking they form one root path."""
-        round_ = self._round
-        parent = check_path(round_, accepted_rows)
-        if parent == -1:
-            return 0
-        for seq, end in sorted(self._seq_end.items()):
-            if round_.ancestor_mask[end, parent]:
-                return seq
-        raise AssertionError("every provisional row lies on some sequence's path")
+        return seq_through(self._round, self._seq_end, accepted_rows)
 
     def rollback(self) -> None:
         if not self._pending_rows:
@@ -617,6 +611,29 @@ def gguf_token_weights(path: str, vocab_size: int, n_embd: int) -> TokenWeights:
 
     embed = read("token_embd.weight")
     return TokenWeights(embed, read("output.weight") if "output.weight" in tensors else embed)
+
+
+def tree_membership(round_: CompiledRound, leaves: Sequence[int]) -> np.ndarray:
+    """[1+N, 1+L] bool: is row r (0 = the pending token) in sequence s (0 = the committed
+    text, 1 + i = leaf i's)?  The pending token is in every one, candidate row r in those of
+    the leaves below it."""
+    member = np.zeros((1 + round_.n, 1 + len(leaves)), dtype=bool)
+    member[0] = True
+    member[1:, 1:] = round_.ancestor_mask[list(leaves)].T  # row r lies on leaf i's path
+    return member
+
+
+def seq_through(round_: CompiledRound | None, seq_end: dict[int, int], accepted_rows: Sequence[int]) -> int:
+    """A sequence holding the accepted rows (0 when none is accepted and sequence 0 is the only
+    one, or the chain holds them), after checking they form one root path; `seq_end` maps each
+    sequence to the candidate row its path ends at."""
+    parent = check_path(round_, accepted_rows)
+    if parent == -1:
+        return 0
+    for seq, end in sorted(seq_end.items()):
+        if round_.ancestor_mask[end, parent]:
+            return seq
+    raise AssertionError("every provisional row lies on some sequence's path")
 
 
 def _deepest_ancestor_before(round_: CompiledRound, row: int, first_row: int) -> int:

@@ -64,8 +64,10 @@ class NumpyBatch:
         self.logits[m - 1] = 1
         self.struct.n_tokens = m
 
-    def set_tree(self, tokens: np.ndarray, positions: np.ndarray, member: np.ndarray) -> None:
-        """Rows with their positions and sequence sets; member [R, S'] bool, S' <= S; all rows output."""
+    def set_tree(self, tokens: np.ndarray, positions: np.ndarray, member: np.ndarray,
+                 outputs: np.ndarray | None = None) -> None:
+        """Rows with their positions and sequence sets; member [R, S'] bool, S' <= S; the rows
+        where `outputs` [R] is true output logits (None: all)."""
         m, s = member.shape
         self.token[:m] = tokens
         self.pos[:m] = positions
@@ -73,7 +75,7 @@ class NumpyBatch:
         # a stable argsort of "not member" lists each row's sequence ids first, in increasing order;
         # llama.cpp masks a query by its FIRST sequence id, and any leaf through the row is right
         self.seq_ids[:m, :s] = np.argsort(~member, axis=1, kind="stable")
-        self.logits[:m] = 1
+        self.logits[:m] = 1 if outputs is None else outputs
         self.struct.n_tokens = m
 
     def pad_to(self, rows: int) -> tuple[list[int], int, int] | None:
