@@ -4,8 +4,10 @@ Closed loop: B requests in flight (`Decoder.batch(B)`), the next joining as one 
 the same N first-turn prompts for every method and batch size.  Methods (each on the same loaded
 target): `sequential` (today's single-request engine, one request after another, plain decoding:
 the batch-1 reference), `plain` (proposer none, batched), `lookup` (prompt lookup at its
-defaults, batched: fixed-depth speculation, what a serving engine does by default) and, with
-`--gate PROFILE_DIR`, `lookup+gate`.  Repeats are interleaved (method order rotated each
+defaults, batched: fixed-depth speculation, what a serving engine does by default) and
+`lookup+gate` (prompt lookup behind `gate=auto` planned for `batch=max(--batches)`: the gate
+prices each round's rows by the measured t_B(n) of the current batch size: the batch-aware
+policy; `--no-gate` leaves it out).  Repeats are interleaved (method order rotated each
 repeat) and every figure is a median with its spread.  Per cell: total tok/s, per-request tok/s,
 time to first token, inter-token latency p50/p90/p99 (a token that arrives in the same round as
 the one before it has gap 0), peak KV bytes, peak RSS; greedy outputs are compared with the
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import resource
 import statistics
 import sys
@@ -48,7 +51,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--gate", default=None, help="a verify_profile directory: adds lookup+gate")
+    ap.add_argument("--no-gate", action="store_true", help="leave out lookup+gate (no profile measured)")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--resume", action="store_true")
     return ap.parse_args(argv)
@@ -100,6 +103,8 @@ def run_sequential(decoder, prompts: list[list[int]]) -> dict:
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("draftwise").setLevel(logging.INFO)  # the planner's measurements show progress
     args.out.mkdir(parents=True, exist_ok=True)
     results_path = args.out / "results.json"
     cells = json.loads(results_path.read_text())["cells"] if args.resume and results_path.is_file() else []
@@ -109,8 +114,8 @@ def main(argv: list[str]) -> None:
                        generation=GenerationConfig(max_new_tokens=args.max_new))
     base = open_decoder(spec, proposer="none")
     methods = dict(METHODS)
-    if args.gate:
-        methods["lookup+gate"] = {"proposer": "prompt-lookup", "gate": args.gate}
+    if not args.no_gate:
+        methods["lookup+gate"] = {"proposer": "prompt-lookup", "gate": "auto", "batch": max(batches)}
     decoders = {name: open_decoder(spec, loader=lambda *_: base.target, **options) for name, options in methods.items()}
     prompts = first_turn_prompts(base.target.chat_prompt, args.workload)
     print(f"{len(prompts)} prompts, {args.max_new} new tokens, batches {batches}, {args.repeats} repeats", flush=True)

@@ -12,6 +12,13 @@ are cancelled, and their KV is freed at once.  A request that fails (context ove
 proposer's error, a refused round) ends with its own error; the others go on untouched.  A
 shared forward that fails is retried request by request, so that only the request whose rows
 cannot be verified fails.
+
+The batch's depth.  A shared forward is as wide as its widest request: one request verifying 11
+rows makes every request's row of the forward 11 wide (transformers pads; llama.cpp's cost grows
+with the total rows).  So, with a batch profile t_B(n) and the gates' acceptance estimates, each
+round's gated proposals are cut to the one depth D that maximizes
+sum_i (1 + E_i[accepted | D]) / t_B(1 + max_i rows_i(D)): the committed tokens per second of the
+whole batch, down to D = 0, plain batched decoding.
 """
 
 from __future__ import annotations
@@ -25,13 +32,16 @@ import numpy as np
 
 from draftwise.backends.base import Backend
 from draftwise.backends.batch import BatchBackend, SlotView, VerifyCall, origin_request
-from draftwise.engine import GenerationConfig, GenerationResult, SpeculativeDecoder, VerifyRequest
+from draftwise.cost_profile import BatchCostProfile
+from draftwise.engine import GenerationConfig, GenerationResult, SpeculativeDecoder, Verified, VerifyRequest
+from draftwise.gate import rows_within_depths
+from draftwise.topology.compile import CompiledRound, cut_to_depth
 from draftwise.errors import InputError
 from draftwise.logits import TargetLogits
 
 # (the slot a request runs on, its generation config) -> its decoder
 DecoderFactory = Callable[[Backend, GenerationConfig], SpeculativeDecoder]
-Coroutine = Generator["VerifyRequest | list[int]", "TargetLogits | None", GenerationResult]
+Coroutine = Generator["VerifyRequest | list[int]", "TargetLogits | Verified | None", GenerationResult]
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,9 @@ class BatchDecoder:
     target: BatchBackend
     decoder_for: DecoderFactory
     default: GenerationConfig = field(default_factory=GenerationConfig)
+    # t_B(n) of the target: with it, gated requests' rounds are cut to one depth that maximizes
+    # the batch's committed tokens per second (a shared forward is as wide as its widest request)
+    profile: BatchCostProfile | None = None
     rounds: list[BatchRound] = field(default_factory=list)
     _queue: deque[_Request] = field(default_factory=deque)
     _active: dict[int, _Request] = field(default_factory=dict)
@@ -119,6 +132,9 @@ class BatchDecoder:
     @property
     def queued(self) -> tuple[int, ...]:
         return tuple(r.id for r in self._queue)
+
+    def _batch_size(self) -> int:
+        return max(1, len(self._active))
 
     def idle(self) -> bool:
         return not self._active and not self._queue
@@ -165,14 +181,14 @@ class BatchDecoder:
             request = self._queue.popleft()
             try:
                 request.view = SlotView(self.target, self.target.open())
-                request.run = self.decoder_for(request.view, request.config).coroutine(request.prompt)
+                request.run = self.decoder_for(request.view, request.config).coroutine(request.prompt, self._batch_size)
             except Exception as exc:  # a refused configuration or prompt ends this request only
                 self._release(request)
                 events.append(Failed(request.id, exc))
                 continue
             self._active[request.id] = request
 
-    def _advance(self, request: _Request, reply: TargetLogits | None, events: list[Event]) -> None:
+    def _advance(self, request: _Request, reply: TargetLogits | Verified | None, events: list[Event]) -> None:
         """Run the request's coroutine to its next verify (publishing what it emits on the way)."""
         assert request.run is not None
         try:
@@ -201,27 +217,58 @@ class BatchDecoder:
         self._end(request)
         events.append(Failed(request.id, error))
 
-    def _verify(self, waiting: list[_Request]) -> list[tuple[_Request, TargetLogits | BaseException]]:
+    def _verify(self, waiting: list[_Request]) -> list[tuple[_Request, TargetLogits | Verified | BaseException]]:
+        cut = self._batch_depth(waiting)
         calls = []
         for r in waiting:
             assert r.waiting is not None and r.view is not None
-            calls.append(VerifyCall(r.view.slot, r.waiting.pending, r.waiting.round_, r.waiting.unread))
+            round_ = cut.get(r.id, r.waiting.round_)
+            calls.append(VerifyCall(r.view.slot, r.waiting.pending, round_ if round_ is not None and round_.n else None,
+                                    r.waiting.unread))
         start = time.perf_counter()
         try:
             logits = self.target.verify_many(calls)
         except Exception:
-            return self._verify_alone(waiting, calls, start)
+            return self._verify_alone(waiting, calls, start, cut)
         self.rounds.append(BatchRound(tuple(r.id for r in waiting), tuple(c.rows for c in calls),
                                       time.perf_counter() - start))
         assert origin_request(calls).shape[0] == sum(c.rows for c in calls)
-        return list(zip(waiting, logits))
+        return [(r, Verified(cut[r.id], out) if r.id in cut else out) for r, out in zip(waiting, logits)]
 
-    def _verify_alone(self, waiting: list[_Request], calls: list[VerifyCall],
-                      start: float) -> list[tuple[_Request, TargetLogits | BaseException]]:
-        out: list[tuple[_Request, TargetLogits | BaseException]] = []
+    def _batch_depth(self, waiting: list[_Request]) -> dict[int, CompiledRound]:
+        """Request id -> its round cut to the batch's depth, for the requests whose round it cuts."""
+        gated = [r for r in waiting if r.waiting is not None and r.waiting.expected is not None
+                 and r.waiting.round_ is not None and not r.waiting.unread]
+        if self.profile is None or len(waiting) < 2 or not gated:
+            return {}
+        profile = self.profile.at(len(waiting))
+        gated_ids = {r.id for r in gated}
+        # the rows of the requests it does not cut (prompt calls read in a forward of their own)
+        others = max((r.waiting.round_.n for r in waiting if r.id not in gated_ids and r.waiting is not None
+                      and r.waiting.round_ is not None and not r.waiting.unread), default=0)
+        shapes = []
+        for r in gated:
+            assert r.waiting is not None and r.waiting.round_ is not None and r.waiting.expected is not None
+            shapes.append((r, rows_within_depths(r.waiting.round_, len(r.waiting.expected) - 1), r.waiting.expected))
+        best_depth, best_rate = 0, -1.0
+        for depth in range(max(len(expected) for _, _, expected in shapes)):
+            rows = 1 + max(others, *(within[min(depth, len(within) - 1)] for _, within, _ in shapes))
+            if rows > profile.max_rows:
+                break
+            tokens = sum(1.0 + expected[min(depth, len(expected) - 1)] for _, _, expected in shapes)
+            rate = tokens / profile.relative_at(rows)
+            if rate > best_rate:  # ties go to the shallower round
+                best_depth, best_rate = depth, rate
+        return {r.id: cut_to_depth(r.waiting.round_, best_depth) for r, _, expected in shapes
+                if r.waiting is not None and r.waiting.round_ is not None and best_depth < len(expected) - 1}
+
+    def _verify_alone(self, waiting: list[_Request], calls: list[VerifyCall], start: float,
+                      cut: dict[int, CompiledRound]) -> list[tuple[_Request, TargetLogits | Verified | BaseException]]:
+        out: list[tuple[_Request, TargetLogits | Verified | BaseException]] = []
         for request, call in zip(waiting, calls):
             try:
-                out.append((request, self.target.verify_many([call])[0]))
+                logits = self.target.verify_many([call])[0]
+                out.append((request, Verified(cut[request.id], logits) if request.id in cut else logits))
             except Exception as exc:
                 out.append((request, exc))
         self.rounds.append(BatchRound(tuple(r.id for r in waiting), tuple(c.rows for c in calls),

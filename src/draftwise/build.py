@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Sequence
 from draftwise.backends.base import Backend
 from draftwise.backends.batch import BatchBackend
 from draftwise.batch import BatchDecoder
-from draftwise.cost_profile import VerifyCostProfile
+from draftwise.cost_profile import BatchCostProfile, VerifyCostProfile
 from draftwise.engine import GenerationConfig, GenerationResult, SpeculativeDecoder
 from draftwise.errors import InputError
 from draftwise.gate import CostGateConfig
@@ -91,17 +91,19 @@ class Decoder:
     def plain(self) -> "Decoder":
         return self.with_spec(self.spec.plain())
 
-    def batch(self, max_batch: int = 8) -> BatchDecoder:
-        """A batch engine on this decoder's target: up to `max_batch` requests share each round
+    def batch(self, max_batch: int | None = None) -> BatchDecoder:
+        """A batch engine on this decoder's target: up to `max_batch` (default: the spec's
+        `batch=`, which `gate=auto` was planned for) requests share each round
         (`submit`, `cancel`, `step`, `events`, `generate_many`), each with this configuration and
         its own generation settings."""
         from draftwise.backends.load import open_batch
 
-        return batch_decoder(self.spec, open_batch(self.target, max_batch), self.draft)
+        return batch_decoder(self.spec, open_batch(self.target, max_batch or self.spec.max_batch), self.draft)
 
-    def generate_many(self, prompts: Sequence[Prompt], chat: bool = False, max_batch: int = 8,
+    def generate_many(self, prompts: Sequence[Prompt], chat: bool = False, max_batch: int | None = None,
                       configs: Sequence[GenerationConfig] | None = None) -> list[GenerationResult | BaseException]:
-        """Every prompt decoded in shared rounds (up to `max_batch` at once, the rest joining as
+        """Every prompt decoded in shared rounds (up to `max_batch` at once, default the spec's
+        `batch=`, the rest joining as
         others finish); each entry the request's result or the error it alone ended with.
         `configs`: per-request generation settings (max_new_tokens, policy, seed, stop strings;
         tree limits, exactness and the gate stay this decoder's)."""
@@ -134,10 +136,17 @@ def gate_config(spec: DecoderSpec, target: Backend | BatchBackend) -> CostGateCo
         raise InputError("gate auto is measured after loading: plan the spec first (draftwise.open_decoder does)")
     assert isinstance(spec.gate, GateProfile)
     profile = VerifyCostProfile.load(spec.gate.directory)
+    _check_measured(profile, spec.gate.directory, target)
+    batches = None if spec.gate.batches is None else BatchCostProfile.load(spec.gate.batches)
+    for measured in () if batches is None else batches.by_batch.values():
+        _check_measured(measured, spec.gate.batches, target)
+    return CostGateConfig(profile, batch_profile=batches)
+
+
+def _check_measured(profile: VerifyCostProfile, directory: object, target: Backend | BatchBackend) -> None:
     if (profile.model, profile.backend) != (target.info.checkpoint, target.info.name):
-        raise InputError(f"gate profile {spec.gate} measured {profile.model} on {profile.backend}, "
+        raise InputError(f"gate profile {directory} measured {profile.model} on {profile.backend}, "
                          f"not {target.info.checkpoint} on {target.info.name}; measure this target's (--gate auto)")
-    return CostGateConfig(profile)
 
 
 def build_decoder(spec: DecoderSpec, target: Backend, draft: Backend | None = None) -> SpeculativeDecoder:
@@ -168,7 +177,7 @@ def batch_decoder(spec: DecoderSpec, target: BatchBackend, draft: Backend | None
                              seed=config.seed, stop_strings=config.stop_strings)
         return _engine(replace(spec, generation=generation), slot, draft, gate)
 
-    return BatchDecoder(target, decoder_for, spec.generation)
+    return BatchDecoder(target, decoder_for, spec.generation, profile=None if gate is None else gate.batch_profile)
 
 
 def _batched_families() -> list[DrafterFamily[Any]]:

@@ -110,12 +110,58 @@ class VerifyCostProfile:
     def load(cls, directory: Path) -> "VerifyCostProfile":
         """Read and verify a verify_profile artifact (checksums re-checked)."""
         manifest = read_manifest(directory, kind=ARTIFACT_KIND, required=(DATA_FILE,))
-        body = json.loads((Path(directory) / DATA_FILE).read_text())
+        return cls.from_json(json.loads((Path(directory) / DATA_FILE).read_text()), manifest.provenance)
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any], provenance: Mapping[str, Any]) -> "VerifyCostProfile":
+        """The profile `to_json` wrote, with the provenance of the manifest it was read under."""
         absolute = body.get("absolute_s")
         return cls(
             rows=tuple(int(n) for n in body["rows"]),
             relative=tuple(float(v) for v in body["relative"]),
             absolute_s=None if absolute is None else tuple(float(v) for v in absolute),
             model=body["model"], backend=body["backend"], threads=int(body["threads"]),
-            machine=body["machine"], provenance=dict(manifest.provenance),
+            machine=body["machine"], provenance=dict(provenance),
         )
+
+
+BATCH_ARTIFACT_KIND = "batch_verify_profile"
+BATCH_DATA_FILE = "batch_verify_profile.json"
+
+
+@dataclass(frozen=True)
+class BatchCostProfile:
+    """t_B(n) for each measured batch size B: the time of one shared forward in which each of B
+    requests verifies n rows, relative to the same B requests verifying 1 row each (a plain
+    batched step).  The batch regime is part of the profile's identity: its batch sizes are in
+    its manifest, beside the model, backend, threads and machine of every per-B profile."""
+
+    by_batch: Mapping[int, VerifyCostProfile]  # B -> t_B(n), relative to a plain batched step
+
+    def __post_init__(self) -> None:
+        if not self.by_batch or min(self.by_batch) < 1:
+            raise InputError("a batch profile needs batch sizes >= 1")
+
+    def at(self, batch: int) -> VerifyCostProfile:
+        """The profile of the largest measured batch size <= `batch` (the smallest one below it):
+        a batch between two measured sizes is priced like the smaller, whose extra rows cost less."""
+        below = [b for b in self.by_batch if b <= batch]
+        return self.by_batch[max(below) if below else min(self.by_batch)]
+
+    def save(self, directory: Path) -> Manifest:
+        body = {str(b): profile.to_json() for b, profile in sorted(self.by_batch.items())}
+        first = next(iter(self.by_batch.values()))
+        meta = {"model": first.model, "backend": first.backend, "threads": first.threads, "machine": first.machine,
+                "batch_sizes": sorted(self.by_batch)}
+        provenance = {**dict(first.provenance), **meta}
+        with staged_artifact(directory, BATCH_ARTIFACT_KIND) as staging:
+            (staging / BATCH_DATA_FILE).write_text(json.dumps(body, indent=1) + "\n")
+            manifest = write_manifest(staging, BATCH_ARTIFACT_KIND, provenance)
+        return manifest
+
+    @classmethod
+    def load(cls, directory: Path) -> "BatchCostProfile":
+        """Read and verify a batch_verify_profile artifact (checksums re-checked)."""
+        manifest = read_manifest(directory, kind=BATCH_ARTIFACT_KIND, required=(BATCH_DATA_FILE,))
+        body = json.loads((Path(directory) / BATCH_DATA_FILE).read_text())
+        return cls({int(b): VerifyCostProfile.from_json(item, manifest.provenance) for b, item in body.items()})

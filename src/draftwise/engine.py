@@ -31,7 +31,7 @@ from draftwise.proposers.base import Proposer, RoundFeedback
 from draftwise.sampling import SamplingPolicy
 from draftwise.stats import GenerationStats, RoundRecord, summarize
 from draftwise.text import check_utf8
-from draftwise.topology.compile import COMPILER_VERSION, CompiledRound, TreeLimits, compile_round
+from draftwise.topology.compile import COMPILER_VERSION, CompiledRound, TreeLimits, compile_round, cut_to_depth
 from draftwise.verify.base import Verifier, bind
 
 
@@ -63,6 +63,18 @@ class VerifyRequest:
     pending: int
     round_: CompiledRound | None
     unread: tuple[int, ...] = ()
+    # with a cost gate: E[accepted | the round cut to depth d] for d = 0..its depth, which a
+    # batch engine reads to cut every request's round to one depth that pays for the batch
+    expected: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Verified:
+    """A verify request answered with the round actually verified: the request's own round cut
+    to a smaller depth (`topology.compile.cut_to_depth`), and that round's logits."""
+
+    round_: CompiledRound
+    logits: TargetLogits
 
 
 @dataclass(frozen=True)
@@ -179,7 +191,7 @@ class SpeculativeDecoder:
         """Decode round by round: yields each round's published tokens (never empty) and
         returns the `GenerationResult`.  Closing the generator early leaves the target consistent."""
         run = self.coroutine(prompt)
-        reply: TargetLogits | None = None
+        reply: TargetLogits | Verified | None = None
         try:
             while True:
                 step = run.send(reply)
@@ -194,11 +206,14 @@ class SpeculativeDecoder:
         finally:
             run.close()  # a round cut short (an error, an abandoned stream) is rolled back by its `finally`
 
-    def coroutine(self, prompt: Sequence[int]) -> Generator[VerifyRequest | list[int], TargetLogits | None, GenerationResult]:
+    def coroutine(self, prompt: Sequence[int], batch_size: Callable[[], int] | None = None,
+                  ) -> Generator[VerifyRequest | list[int], TargetLogits | Verified | None, GenerationResult]:
         """The generation as a coroutine that stops wherever a round needs the target's forward:
-        it yields a `VerifyRequest` and is sent that verify's logits, or yields the tokens a round
+        it yields a `VerifyRequest` and is sent that verify's logits (or `Verified`: the round cut
+        further, with its logits), or yields the tokens a round
         published (and is sent None).  `rounds` runs the verify on `self.target` itself; the batch
-        engine (`draftwise.batch`) gathers every request's `VerifyRequest` into one forward."""
+        engine (`draftwise.batch`) gathers every request's `VerifyRequest` into one forward and
+        says, through `batch_size`, how many requests share each round (the gate prices it)."""
         config = self.config
         if not prompt:
             raise InputError("the prompt has no tokens")
@@ -221,6 +236,8 @@ class SpeculativeDecoder:
         self.target.reset()
         try:
             while emitter.stop_reason is None:
+                if gate is not None and batch_size is not None:
+                    gate.batch = batch_size()
                 record, emitted = yield from self._round(context, emitter, rng, gate)
                 records.append(record)
                 context.extend(emitted)
@@ -243,7 +260,7 @@ class SpeculativeDecoder:
         )
 
     def _round(self, context: list[int], emitter: _Emitter, rng: np.random.Generator, gate: CostGate | None,
-               ) -> Generator[VerifyRequest, TargetLogits | None, tuple[RoundRecord, list[int]]]:
+               ) -> Generator[VerifyRequest, TargetLogits | Verified | None, tuple[RoundRecord, list[int]]]:
         """One round.  The first also reads the prompt (its `unread` rows) in the verify forward."""
         seconds: dict[str, float] = {}
         limits = round_limits(self.config.limits, len(context), self.target.info.context_length,
@@ -270,8 +287,17 @@ class SpeculativeDecoder:
         round_, gated = gate_round(gate, offered, reads_prompt=reads_prompt)
         seconds["compile"], clock = _lap(clock)
 
-        logits = yield VerifyRequest(context[-1], round_ if round_.n else None, tuple(unread))
-        assert logits is not None, "a verify request is answered with the target's logits"
+        expected = None if gate is None or not round_.n or reads_prompt else \
+            tuple(gate.expected_accepted(d) for d in range(int(round_.depth.max()) + 1))
+        reply = yield VerifyRequest(context[-1], round_ if round_.n else None, tuple(unread), expected)
+        assert reply is not None, "a verify request is answered with the target's logits"
+        if isinstance(reply, Verified):  # the batch cut this round to a smaller depth
+            cut = cut_to_depth(round_, int(reply.round_.depth.max()) if reply.round_.n else 0)
+            if not (np.array_equal(cut.token_ids, reply.round_.token_ids) and np.array_equal(cut.parent, reply.round_.parent)):
+                raise ContractError("a batch answered a round with rows that are not a depth cut of it")
+            round_, gated, logits = cut, True, reply.logits
+        else:
+            logits = reply
         kv_bytes = self.target.kv_bytes()
         seconds["prefill" if reads_prompt else "verify"], clock = _lap(clock)
 

@@ -23,6 +23,15 @@ rejected.  The proposers are asked for their
 whole proposal every round and the gate cuts it afterwards: free for prompt lookup and REST;
 a draft model's drafting time is not in the gate's objective (t(n) only), so the gate is
 meant for the proposers that cost nothing to ask.
+
+In a batch (`draftwise.batch`) rows are no longer nearly free: a verify row competes with the
+other requests' rows in the shared forward.  With a batch profile the gate prices a round by
+t_B(n), the shared forward in which each of the B requests verifies n rows, in units of a plain
+batched step.  If every request chose alike, the batch would commit B (1 + E[accepted]) tokens in
+T_B(n), so each request maximizing (1 + E[accepted | d]) / t_B(1 + rows(d)) maximizes the batch's
+committed tokens per second; requests that differ make it an approximation.  Where t_B(n) grows
+like n (a compute-bound forward) the gate cuts every round to its pending row: plain batched
+decoding.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from typing import Sequence
 import numpy as np
 
 from draftwise.errors import InputError
-from draftwise.cost_profile import VerifyCostProfile
+from draftwise.cost_profile import BatchCostProfile, VerifyCostProfile
 from draftwise.topology.compile import CompiledRound, cut_to_depth
 from draftwise.verify.base import IncompatibleVerifier, VerifierCapabilities
 
@@ -45,6 +54,9 @@ class CostGateConfig:
     prior_first: float = 0.5  # h1 the estimate returns to without evidence
     prior_continue: float = 0.8  # hc likewise
     prior_weight: float = 1.0  # pseudo-observations behind each prior
+    # in a batch of B requests the gate prices rows by t_B(n) (a shared forward of n rows per
+    # request against a plain batched step) instead of the batch-1 `profile`
+    batch_profile: BatchCostProfile | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.decay < 1.0:
@@ -83,6 +95,13 @@ class CostGate:
         self.first = _DecayedRate(config.prior_first, config.prior_weight)
         self.further = _DecayedRate(config.prior_continue, config.prior_weight)
         self._open_walk: tuple[CompiledRound, int, int] | None = None  # (proposal, row, depth) still open
+        self.batch = 1  # requests sharing this round's forward (the batch engine sets it each round)
+
+    @property
+    def profile(self) -> VerifyCostProfile:
+        """t(n) for this round: the batch-1 profile, or t_B(n) for the current batch."""
+        batches = self.config.batch_profile
+        return self.config.profile if batches is None else batches.at(self.batch)
 
     def expected_accepted(self, depth: int) -> float:
         """E[accepted | a chain of `depth` candidates] under the current rates."""
@@ -96,7 +115,7 @@ class CostGate:
     def choose(self, rows_within: Sequence[int]) -> int:
         """The depth to verify.  `rows_within[d]` = candidate rows of depth <= d (rows_within[0]
         = 0); depths whose row count the profile has not measured are never chosen."""
-        profile = self.config.profile
+        profile = self.profile
         best_depth, best_rate = 0, 1.0 / profile.relative_at(1)
         for depth in range(1, len(rows_within)):
             n = 1 + rows_within[depth]

@@ -29,7 +29,7 @@ def drafter_keys(registry: DrafterRegistry = DRAFTERS) -> set[str]:
 
 
 DECODER_KEYS = frozenset({"proposer", "backend", "verifier", "target", "draft", "gate", "max_nodes", "max_depth",
-                          "exact", "calibration", "dtype", "strict"})
+                          "exact", "calibration", "dtype", "strict", "batch"})
 
 
 def parse_drafter(name: str, values: Mapping[str, str], registry: DrafterRegistry = DRAFTERS,
@@ -131,5 +131,6 @@ def spec_from_options(values: Mapping[str, str], base: DecoderSpec = DecoderSpec
         gate=parse_gate(values["gate"]) if "gate" in values else base.gate,
         dtype=cast(DtypeChoice, check_dtype(values["dtype"])) if "dtype" in values else base.dtype,
         strict=Strict.parse(values["strict"]) if "strict" in values else base.strict,
+        max_batch=int_value(values, "batch", base.max_batch),
         generation=replace(gen, limits=limits, exact=bool_value(values, "exact", gen.exact)),
     )

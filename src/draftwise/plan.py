@@ -117,8 +117,10 @@ def resolve(spec: DecoderSpec, target: Backend, draft: Backend | None = None,
         spec, settled = resolve_kangaroo(spec, target, first_turn_prompts(target.chat_prompt, calibration), root)
         choices.extend(settled)
     if isinstance(spec.gate, AutoGate):
-        spec = replace(spec, gate=GateProfile(_measure_gate(spec, target, root)))
-        choices.append(Choice("gate", str(spec.gate), "verify profile measured on first use, cached"))
+        batches = _measure_batch_gate(spec, target, root) if spec.max_batch > 1 else None
+        spec = replace(spec, gate=GateProfile(_measure_gate(spec, target, root), batches))
+        choices.append(Choice("gate", str(spec.gate), "verify profile measured on first use, cached"
+                              + (f"; batch profile for up to {spec.max_batch} requests: {batches}" if batches else "")))
     return spec, tuple(choices)
 
 
@@ -239,3 +241,8 @@ def _measure_gate(spec: DecoderSpec, target: Backend, root: Path) -> Path:
     return auto_gate_directory(target, rows, root, chain=chain)
 
 
+def _measure_batch_gate(spec: DecoderSpec, target: Backend, root: Path) -> Path:
+    from draftwise.optimize.auto import auto_batch_gate_profile
+
+    # chains of n - 1 rows per request price a tree of n rows too (both one 4D-masked forward)
+    return auto_batch_gate_profile(target, spec.max_batch, min(gate_rows_needed(spec), target.info.max_verify_rows), root)

@@ -76,6 +76,7 @@ class AutoGate:
 @dataclass(frozen=True)
 class GateProfile:
     directory: Path  # a verify_profile artifact (`draftwise profile --out DIR`)
+    batches: Path | None = None  # a batch_verify_profile artifact: t_B(n) for batched decoding
 
     def __str__(self) -> str:
         return str(self.directory)
@@ -132,11 +133,14 @@ class DecoderSpec:
     dtype: DtypeChoice = DEFAULT_DTYPE  # the transformers backend's: float32, bfloat16 or auto (measured)
     strict: Strict = Strict.OFF  # llama.cpp: kernels whose verify rows equal plain decoding's bit for bit
     generation: GenerationConfig = field(default_factory=GenerationConfig)
+    max_batch: int = 1  # requests a batch decoder of this spec holds at once (`batch=`): the gate is planned for it
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise InputError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         check_dtype(self.dtype)
+        if self.max_batch < 1:
+            raise InputError(f"batch={self.max_batch}: a batch holds at least 1 request")
         if self.strict is not Strict.OFF and self.backend == "transformers":
             raise InputError("strict chooses the llama.cpp backend's kernels (bit-identical verify rows); the "
                              "transformers backend has no such setting: `draftwise profile --invariance` measures its rows")
@@ -194,6 +198,8 @@ class DecoderSpec:
             parts.append(f"dtype={self.dtype}")
         if self.strict is not Strict.OFF:
             parts.append(f"strict={self.strict.value}")
+        if self.max_batch > 1:
+            parts.append(f"batch={self.max_batch}")
         if not self.generation.exact:
             parts.append("exact=false (HEURISTIC verifier allowed: outputs are not the target's distribution)")
         return ", ".join(p for p in parts if p)

@@ -13,7 +13,7 @@ from draftwise.backends.transformers_batch import TransformersBatch
 from draftwise.batch import BatchDecoder, Failed, Finished, Tokens
 from draftwise.build import batch_decoder, build_decoder
 from draftwise.engine import GenerationConfig
-from draftwise.errors import BackendError, InputError
+from draftwise.errors import BackendError, ContractError, InputError
 from draftwise.sampling import SamplingPolicy
 from tests.helpers import make_spec
 from tests.integration.tiny_models import V, chi_square_p, exact_joint, tiny_backend
@@ -189,3 +189,88 @@ def test_real_model_batch_is_token_identical_to_plain_decoding(smol_target, smol
     batch = batch_decoder(spec, TransformersBatch.from_backend(smol_target, 4))
     results = batch.generate_many([p for p, _ in smol_chat_and_plain])
     assert [r.tokens for r in results] == [plain for _, plain in smol_chat_and_plain]
+
+
+def test_a_batch_gate_prices_rows_by_the_batch_size(tiny, tmp_path):
+    """Two requests share every round.  Where the batch profile says each row costs a full step
+    at B = 2, the gate verifies pending rows only (plain batched decoding); with the batch-1
+    profile (rows nearly free) the same requests speculate.  Both are the requests' own greedy
+    outputs."""
+    from draftwise.cost_profile import BatchCostProfile, VerifyCostProfile
+    from draftwise.spec import GateProfile
+
+    def profile(relative):
+        return VerifyCostProfile(rows=tuple(range(1, len(relative) + 1)), relative=tuple(relative), absolute_s=None,
+                                 model=tiny.info.checkpoint, backend="transformers", threads=1, machine="test")
+
+    flat, linear = profile([1.0] * 12), profile([float(n) for n in range(1, 13)])
+    flat.save(tmp_path / "single")
+    BatchCostProfile({1: flat, 2: linear}).save(tmp_path / "batches")
+    spec = make_spec(GREEDY, proposer="prompt-lookup", lookup=3)
+    prompts = [PROMPTS[1], PROMPTS[3]]
+    alone = [solo(tiny, spec, p) for p in prompts]
+    by_batch = replace(spec, gate=GateProfile(tmp_path / "single", tmp_path / "batches"))
+    flat_only = replace(spec, gate=GateProfile(tmp_path / "single"))
+    cut = batch_of(tiny, by_batch, 2).generate_many(prompts)
+    kept = batch_of(tiny, flat_only, 2).generate_many(prompts)
+    assert [r.tokens for r in cut] == alone == [r.tokens for r in kept]
+    shared = min(len(r.records) for r in cut)  # both joined in the first round: rounds 0..shared-1 were shared
+    assert shared > 3 and all(record.nodes == 0 for r in cut for record in r.records[1:shared])
+    assert any(record.nodes > 0 for r in kept for record in r.records[1:])
+
+
+def _waiting_request(request_id, paths, expected):
+    from draftwise.batch import _Request
+    from draftwise.engine import VerifyRequest
+    from draftwise.topology.compile import compile_round
+    from tests.helpers import result_from_paths
+
+    round_ = compile_round(10, [result_from_paths(paths)])
+    request = _Request(request_id, (1, 2), GREEDY)
+    request.waiting = VerifyRequest(5, round_, (), expected)
+    return request
+
+
+def test_the_batch_cuts_every_gated_round_to_the_depth_that_pays_for_the_batch(tiny):
+    """Two gated requests with 4-deep chains: one likely accepted, one not.  Where every extra row
+    costs most of a step at B = 2, the widest request would make both pay, and the batch is best
+    off with pending rows only; where rows are free it verifies everything."""
+    from draftwise.cost_profile import BatchCostProfile, VerifyCostProfile
+
+    def profile(relative):
+        return VerifyCostProfile(rows=tuple(range(1, len(relative) + 1)), relative=tuple(relative), absolute_s=None,
+                                 model="m", backend="transformers", threads=1, machine="test")
+
+    sure = _waiting_request(0, [[1, 2, 3, 4]], (0.0, 0.9, 1.7, 2.4, 3.0))
+    unlikely = _waiting_request(1, [[5, 6, 7, 1]], (0.0, 0.1, 0.12, 0.13, 0.14))
+    target = TransformersBatch.from_backend(tiny, 2)
+    costly = BatchDecoder(target, lambda *a: None, GREEDY, profile=BatchCostProfile({2: profile([1, 1.9, 2.8, 3.7, 4.6])}))
+    cut = costly._batch_depth([sure, unlikely])
+    assert {i: r.n for i, r in cut.items()} == {0: 0, 1: 0}  # (1 + 1) / 1 beats (1.9 + 1.1) / 1.9 and deeper
+    cheap = BatchDecoder(target, lambda *a: None, GREEDY, profile=BatchCostProfile({2: profile([1.0] * 5)}))
+    assert cheap._batch_depth([sure, unlikely]) == {}  # free rows: nothing is cut
+    middling = BatchDecoder(target, lambda *a: None, GREEDY,
+                            profile=BatchCostProfile({2: profile([1.0, 1.05, 1.1, 2.5, 3.0])}))
+    assert {i: r.n for i, r in middling._batch_depth([sure, unlikely]).items()} == {0: 2, 1: 2}  # (2.7 + 1.12) / 1.1 = 3.47 beats 2.86, 2 and 1.8
+
+
+def test_a_round_answered_with_rows_that_are_not_a_cut_of_it_is_refused(tiny):
+    from draftwise.engine import Verified
+
+    spec = make_spec(GREEDY, proposer="prompt-lookup", lookup=3)
+
+    class Forged(BatchDecoder):
+        def _verify(self, waiting):
+            pairs = super()._verify(waiting)
+            forged = []
+            for request, logits in pairs:
+                round_ = request.waiting.round_ if request.waiting is not None else None
+                if round_ is not None and round_.n and not isinstance(logits, BaseException):
+                    other = _waiting_request(99, [[(int(round_.token_ids[0]) + 1) % V]], (0.0, 0.5)).waiting.round_
+                    logits = Verified(other, logits)
+                forged.append((request, logits))
+            return forged
+
+    healthy = batch_of(tiny, spec, 2)
+    outcome = Forged(healthy.target, healthy.decoder_for, GREEDY).generate_many(PROMPTS[:2])
+    assert any(isinstance(o, ContractError) and "not a depth cut" in str(o) for o in outcome)

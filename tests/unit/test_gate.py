@@ -163,3 +163,38 @@ def test_a_cut_walk_continues_into_the_next_rounds_tokens():
     assert (g.further.successes, g.further.trials) == pytest.approx((0.5, 2))  # decay ~0: only the last round counts
     g.observe(None, [9])
     assert g.further.trials == pytest.approx(1)  # closed: nothing more is counted
+
+
+LINEAR = profile([float(n) for n in range(1, 22)])  # every row costs a full step: a compute-bound batch
+
+
+def test_in_a_batch_the_gate_prices_rows_by_the_batch_sizes_profile():
+    from draftwise.cost_profile import BatchCostProfile
+
+    batches = BatchCostProfile({1: FLAT, 4: STEP, 8: LINEAR})
+    g = CostGate(CostGateConfig(FLAT, prior_first=0.9, prior_continue=0.9, batch_profile=batches))
+    rows = list(range(11))
+    chosen = {}
+    for size in (1, 2, 4, 6, 8, 16):
+        g.batch = size
+        chosen[size] = g.choose(rows)
+    # 1-3: priced by B = 1 (flat: verify it all); 4-7 by B = 4's step (6.76 tokens / 3.3 > 1: all);
+    # 8 and up by the linear profile: 1 + E[accepted | d] < 1 + d, so a plain batched step
+    assert chosen == {1: 10, 2: 10, 4: 10, 6: 10, 8: 0, 16: 0}
+    g.batch = 1
+    assert CostGate(CostGateConfig(LINEAR, prior_first=0.9, prior_continue=0.9)).choose(rows) == 0  # planted: it matters
+
+
+def test_a_batch_profile_round_trips_and_refuses_tampering(tmp_path):
+    from draftwise.cost_profile import BatchCostProfile
+    from draftwise.errors import ArtifactError
+
+    batches = BatchCostProfile({1: FLAT, 8: LINEAR})
+    batches.save(tmp_path / "p")
+    loaded = BatchCostProfile.load(tmp_path / "p")
+    assert sorted(loaded.by_batch) == [1, 8] and loaded.at(8).relative == LINEAR.relative
+    assert loaded.at(5).relative == FLAT.relative and loaded.at(100).relative == LINEAR.relative
+    data = tmp_path / "p" / "batch_verify_profile.json"
+    data.write_text(data.read_text().replace("21.0", "2.0"))
+    with pytest.raises(ArtifactError):
+        BatchCostProfile.load(tmp_path / "p")

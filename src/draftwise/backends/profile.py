@@ -29,10 +29,11 @@ from typing import Sequence
 import numpy as np
 
 from draftwise.backends.base import Backend
+from draftwise.backends.batch import BatchBackend, VerifyCall
 from draftwise.errors import InputError
 from draftwise.contracts import ProbabilitySemantics, ProposalNode, ProposalResult, ProposerContract
 from draftwise.contracts import SamplingRelation, TopologyKind
-from draftwise.cost_profile import VerifyCostProfile
+from draftwise.cost_profile import BatchCostProfile, VerifyCostProfile
 from draftwise.topology.compile import CompiledRound, TreeLimits, compile_round
 
 log = logging.getLogger(__name__)  # progress lines (the CLI shows INFO)
@@ -174,3 +175,51 @@ def write_profile(
     )
     profile.save(Path(out_dir))
     return profile
+
+
+def profile_batch_verify_cost(batch: BatchBackend, batch_sizes: Sequence[int], rows: Sequence[int],
+                              prefix_len: int = 256, repeats: int = 3) -> BatchCostProfile:
+    """t_B(n): for each B, the median time of one `verify_many` in which B slots (each on its own
+    `prefix_len`-token prefix) verify a chain of n - 1 candidates each, relative to B pending-only
+    rows; passes over (B, n) shuffled, a warm-up pass first.  Every slot is closed afterwards."""
+    if min(rows) != 1:
+        raise InputError("batch profiles are relative to a plain batched step: measure n = 1 too")
+    if max(batch_sizes) > batch.max_slots:
+        raise InputError(f"batch size {max(batch_sizes)} exceeds the backend's {batch.max_slots} slots")
+    text_ids = batch.tokenize(_PREFIX_TEXT, add_special=False)
+    prefix = (text_ids * (prefix_len // len(text_ids) + 1))[:prefix_len]
+    slots = [batch.open() for _ in range(max(batch_sizes))]
+    try:
+        for slot in slots:  # read each prefix (its last token stays pending)
+            batch.verify_many([VerifyCall(slot, prefix[-1], None, tuple(prefix[:-1]))])
+            batch.rollback(slot)
+        chains = {n: None if n == 1 else chain_round(prefix_len, n - 1, batch.info.vocab_size) for n in rows}
+        cells = [(b, n) for b in batch_sizes for n in rows]
+        samples: dict[tuple[int, int], list[float]] = {cell: [] for cell in cells}
+        order_rng = np.random.default_rng(1)
+        for sweep in range(repeats + 1):  # sweep 0 is the warm-up
+            for b, n in (cells if sweep == 0 else [cells[i] for i in order_rng.permutation(len(cells))]):
+                calls = [VerifyCall(slot, prefix[-1], chains[n]) for slot in slots[:b]]
+                start = time.perf_counter()
+                batch.verify_many(calls)
+                elapsed = time.perf_counter() - start
+                for slot in slots[:b]:
+                    batch.rollback(slot)
+                if sweep:
+                    samples[(b, n)].append(elapsed)
+            if sweep:
+                log.info("batch profile: pass %d/%d over %d (B, n) cells", sweep, repeats, len(cells))
+    finally:
+        for slot in slots:
+            batch.close(slot)
+    threads = int(batch.n_threads or len(os.sched_getaffinity(0)))
+    provenance = {"prefix_len": prefix_len, "repeats": repeats, "shape": "a chain of n - 1 rows per slot",
+                  "sampling": SAMPLING, "dtype": batch.info.dtype}
+    by_batch = {}
+    for b in batch_sizes:
+        medians = [float(np.median(samples[(b, n)])) for n in rows]
+        log.info("B=%d: %s", b, ", ".join(f"t({n})={m / medians[0]:.2f}" for n, m in zip(rows, medians)))
+        by_batch[int(b)] = VerifyCostProfile.from_absolute(rows, medians, model=batch.info.checkpoint,
+                                                           backend=batch.info.name, threads=threads,
+                                                           machine=machine_description(), provenance=provenance)
+    return BatchCostProfile(by_batch)

@@ -34,7 +34,8 @@ def generate(
                                            "or --prompts FILE."),
     prompts_file: Optional[Path] = typer.Option(None, "--prompts", help="Many requests decoded in shared rounds: a .jsonl "
                                                 "file of {\"prompt\": ...} objects, or a text file of one prompt per line."),
-    batch: int = typer.Option(8, "--batch", help="With --prompts: requests in flight at once (the rest join as others finish)."),
+    batch: int = typer.Option(8, "--batch", help="With --prompts: requests in flight at once (the rest join as others "
+                              "finish); --gate auto then measures what rows cost at each batch size (= --set batch=N)."),
     chat: bool = typer.Option(False, "--chat", help="Apply the model's chat template."),
     target: str = typer.Option(DEFAULTS.target, help="Target model: alias, .gguf file, directory or hub id."),
     draft: Optional[str] = typer.Option(None, help="Draft model, for a proposer that drafts with one (draft-model)."),
@@ -72,7 +73,8 @@ def generate(
     """Generate text with speculative decoding and print the statistics."""
     named = {"proposer": proposer, "k": draft_k, "tree": tree, "relation": relation, "lookup": lookup_tokens,
              "ngram": lookup_ngram, "candidates": lookup_candidates, "index": index, "gate": gate,
-             "calibration": calibration_workload if proposer == "auto" else None, "strict": "true" if strict else None}
+             "calibration": calibration_workload if proposer == "auto" else None, "strict": "true" if strict else None,
+             "batch": batch if prompts_file is not None else None}  # gate=auto is then planned for the batch
     try:
         many = _requests(prompt, prompts_file, batch)
         if many is None:

@@ -131,6 +131,45 @@ def auto_gate_directory(target: Backend, max_rows: int, cache_root: Path, config
     return Path(cache_root) / "gate" / stable_hash(key)[:20] / f"rows-{max_rows}"
 
 
+BATCH_GATE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # t_B(n) between them is interpolated
+
+
+def batch_sizes_up_to(max_batch: int) -> tuple[int, ...]:
+    """1, 2, 4, ... up to `max_batch`, and `max_batch` itself."""
+    return tuple(sorted({*(2**i for i in range(max_batch.bit_length()) if 2**i <= max_batch), max_batch}))
+
+
+def auto_batch_gate_profile(target: Backend, max_batch: int, max_rows: int, cache_root: Path,
+                            config: AutoTreeConfig = AutoTreeConfig()) -> Path:
+    """`gate=auto` with `batch=B`: t_B(n) of this target for batch sizes 1, 2, 4, ... B and rows
+    per request up to `max_rows`, measured on a batch backend over the loaded model on first use
+    and cached per target, backend, dtype, threads and batch regime; returns its directory."""
+    from draftwise.backends.load import open_batch
+    from draftwise.backends.profile import profile_batch_verify_cost
+    from draftwise.cost_profile import BATCH_ARTIFACT_KIND, BatchCostProfile
+
+    batches = batch_sizes_up_to(max_batch)
+    rows = tuple(n for n in BATCH_GATE_ROWS if n < max_rows) + (max_rows,)
+    key = {"target": target.info.checkpoint, "tokenizer_hash": target.info.tokenizer_hash, "backend": target.info.name,
+           "dtype": target.info.dtype, "threads": getattr(target, "n_threads", None), "batches": list(batches),
+           "rows": list(rows), "shape": "chain"}
+    directory = Path(cache_root) / "batch_gate" / stable_hash(key)[:20]
+    if artifact_matches(directory, BATCH_ARTIFACT_KIND,
+                        lambda p: p.get("model") == target.info.checkpoint and p.get("backend") == target.info.name
+                        and p.get("batch_sizes") == list(batches) and sampled_as_now(p)):
+        return directory
+    shutil.rmtree(directory, ignore_errors=True)
+    batch = open_batch(target, max(batches))
+    try:
+        profile: BatchCostProfile = profile_batch_verify_cost(batch, batches, rows, repeats=config.profile_repeats)
+    finally:
+        free = getattr(batch, "free", None)  # llama.cpp: the batch's own context
+        if callable(free):
+            free()
+    profile.save(directory)
+    return directory
+
+
 def auto_tree(
     target: Backend,
     draft: Backend,
