@@ -211,9 +211,11 @@ class BatchDecoder:
         assert request.run is not None
         request.waiting = None
         try:
-            request.run.throw(error)
-        except BaseException:
+            request.run.throw(error)  # its round re-raises it after rolling back: nothing is resumed
+        except Exception:
             pass
+        else:  # the round went on regardless: stop it (its `finally` rolls back)
+            request.run.close()
         self._end(request)
         events.append(Failed(request.id, error))
 
