@@ -31,6 +31,7 @@ from typing import Callable
 from draftwise.data import SPEC_BENCH_DEV, spec_bench_questions
 from draftwise.errors import InputError
 from draftwise.paths import is_file
+from draftwise.text import check_utf8
 
 HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with the code only.\n\n"
 
@@ -186,28 +187,37 @@ def read_humaneval() -> list[dict]:
 
 # ---- prompt files -------------------------------------------------------------------------
 def _prompt_file(path: Path) -> tuple[Question, ...]:
+    return tuple(Question(f"{path.stem}-{number}", "prompts", (prompt,))
+                 for number, prompt in enumerate(read_prompt_file(path), start=1))
+
+
+def read_prompt_file(path: Path) -> list[str]:
+    """The prompts of a file: one per non-blank line, a line starting with '{' being a JSON object
+    with a non-empty "prompt" string (so a .jsonl file of {"prompt": ...} objects reads too).
+    The bench's `prompts:PATH` workload and `draftwise generate --prompts` read it alike."""
     if not is_file(path):
         raise WorkloadError(f"prompt file {path} not found")
-    questions = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            text = line.rstrip("\n")
-            if not text.strip():
-                continue
+    try:
+        lines = Path(path).read_bytes().decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise WorkloadError(f"prompt file {path} is not valid UTF-8 (byte {exc.start})") from None
+    prompts = []
+    for number, text in enumerate(lines, start=1):
+        if text.strip():
             prompt = _json_prompt(text, path, number) if text.lstrip().startswith("{") else text
-            questions.append(Question(f"{path.stem}-{number}", "prompts", (prompt,)))
-    if not questions:
-        raise WorkloadError(f"prompt file {path} has no prompts")
-    return tuple(questions)
+            prompts.append(check_utf8(prompt, f"{path} line {number}"))
+    if not prompts:
+        raise WorkloadError(f"prompt file {path} holds no prompt")
+    return prompts
 
 
 def _json_prompt(text: str, path: Path, number: int) -> str:
     try:
         row = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise WorkloadError(f"{path}:{number}: a line starting with '{{' must be JSON ({exc})") from exc
-    if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-        raise WorkloadError(f"{path}:{number}: JSON prompt lines need a string \"prompt\"")
+        raise WorkloadError(f"{path} line {number}: not JSON ({exc.msg}), and a line starting with '{{' must be") from exc
+    if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"]:
+        raise WorkloadError(f'{path} line {number}: expected an object with a non-empty "prompt" string')
     return row["prompt"]
 
 

@@ -26,6 +26,7 @@ from draftwise.parse import spec_from_options
 from draftwise.text import check_utf8
 from draftwise.text_stream import TextStream
 from draftwise.verify.registry import VERIFIERS
+from draftwise.workloads import read_prompt_file
 
 
 
@@ -135,28 +136,9 @@ def _requests(prompt: str | None, path: Path | None, batch: int) -> list[str] | 
     if batch < 1:
         raise InputError(f"--batch {batch}: at least 1 request in flight")
     try:
-        text = path.read_bytes().decode("utf-8")
-    except OSError as exc:
-        raise InputError(f"--prompts {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(f"--prompts {path} is not valid UTF-8 (byte {exc.start})") from None
-    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
-    if path.suffix == ".jsonl":
-        prompts = []
-        for n, line in lines:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"--prompts {path} line {n}: not JSON ({exc.msg})") from None
-            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"]:
-                raise InputError(f"--prompts {path} line {n}: expected an object with a non-empty \"prompt\" string")
-            prompts.append(row["prompt"])
-    else:
-        prompts = [line for _, line in lines]
-    if not prompts:
-        raise InputError(f"--prompts {path} holds no prompt")
-    for i, text_ in enumerate(prompts):
-        check_utf8(text_, f"prompt {i}")
+        prompts = read_prompt_file(path)
+    except InputError as exc:
+        raise InputError(f"--prompts: {exc}") from None
     return prompts
 
 
