@@ -5,7 +5,8 @@ single-sequence state model of `draftwise.backends.base`: committed KV rows for 
 tokens, a provisional verify that `commit(slot, rows)` or `rollback(slot)` settles.  What is new
 is `verify_many`: the pending and candidate rows of every call (each for its own slot) are
 evaluated in one forward pass, and no row ever attends to a row of another slot (the linearized
-batch's `origin_request` tells whose each row is; the backend's mask follows it).
+batch's `origin_request`, `draftwise.batch.BatchRound`, tells whose each row is; the backend's
+mask follows it).
 
 `SlotView` turns one slot into a `Backend`, so that everything written for one sequence (the
 engine's round, the proposers that read the target) runs on a slot unchanged: its `verify` is a
@@ -20,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-import numpy as np
 
 from draftwise.backends.base import BackendInfo
 from draftwise.errors import BackendError
@@ -41,13 +41,6 @@ class VerifyCall:
     def rows(self) -> int:
         """Rows this call adds to the forward: unread + pending + candidates."""
         return len(self.unread) + 1 + (0 if self.round_ is None else self.round_.n)
-
-
-def origin_request(calls: Sequence[VerifyCall]) -> np.ndarray:
-    """[sum of rows] int64: the index (into `calls`) of the request each row of the linearized
-    batch belongs to, rows in call order (unread, pending, candidates)."""
-    return np.concatenate([np.full(call.rows, i, dtype=np.int64) for i, call in enumerate(calls)]) if calls \
-        else np.zeros(0, dtype=np.int64)
 
 
 def check_calls(calls: Sequence[VerifyCall], open_slots: Sequence[int], max_rows: int) -> None:

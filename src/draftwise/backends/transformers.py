@@ -295,10 +295,7 @@ class TransformersBackend:
 
     def _additive(self, visible: torch.Tensor) -> torch.Tensor:
         """[Q, K] bool -> additive mask [1, 1, Q, K] in the model's dtype."""
-        dtype = self.model.dtype
-        mask = torch.zeros(visible.shape, dtype=dtype)
-        mask.masked_fill_(~visible, torch.finfo(dtype).min)
-        return mask[None, None].to(self.device)
+        return additive_mask(visible, self.model.dtype, self.device)[None, None]
 
     def commit(self, accepted_rows: Sequence[int]) -> None:
         if not self._pending_rows:
@@ -357,6 +354,14 @@ class TransformersBackend:
         check_messages(messages)
         ids = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Bool visibility [..., Q, K] -> the additive attention mask of the same shape in `dtype`
+    (0 where a row sees a column, the dtype's minimum where it does not), on `device`."""
+    mask = torch.zeros(visible.shape, dtype=dtype)
+    mask.masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask.to(device)
 
 
 def kv_row_bytes(config, dtype: torch.dtype) -> int:

@@ -51,7 +51,8 @@ import torch
 
 from draftwise.backends.base import BackendInfo, ContextOverflow, check_path
 from draftwise.backends.batch import VerifyCall, check_calls
-from draftwise.backends.transformers import TorchLogits, TransformersBackend, _cache_kwarg, _is_chain, kv_row_bytes
+from draftwise.backends.transformers import (TorchLogits, TransformersBackend, _cache_kwarg, _is_chain, additive_mask,
+                                             kv_row_bytes)
 from draftwise.errors import BackendError
 from draftwise.topology.compile import CompiledRound
 
@@ -287,10 +288,7 @@ class TransformersBatch:
 
     def _additive(self, visible: torch.Tensor) -> torch.Tensor:
         """[B', Q, K] bool -> additive mask [B', 1, Q, K] in the model's dtype."""
-        dtype = self.model.dtype
-        mask = torch.zeros(visible.shape, dtype=dtype)
-        mask.masked_fill_(~visible, torch.finfo(dtype).min)
-        return mask[:, None].to(self.device)
+        return additive_mask(visible, self.model.dtype, self.device)[:, None]
 
     # ---- settle --------------------------------------------------------------------------
     def commit(self, slot: int, accepted_rows: Sequence[int]) -> None:
