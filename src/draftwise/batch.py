@@ -19,6 +19,12 @@ with the total rows).  So, with a batch profile t_B(n) and the gates' acceptance
 round's gated proposals are cut to the one depth D that maximizes
 sum_i (1 + E_i[accepted | D]) / t_B(1 + max_i rows_i(D)): the committed tokens per second of the
 whole batch, down to D = 0, plain batched decoding.
+
+Do no harm.  The profile is taken on equal prefixes; the live batch pads slots of different
+lengths, so its prices can be off.  With a `DoNoHarm` controller (`draftwise.batch_control`),
+each round is played either as the gates and the depth cut chose it or cut to plain batched
+decoding, by which of the two the rounds themselves measured to commit more tokens per second
+at this batch size (with a bounded exploration of the other).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import numpy as np
 
 from draftwise.backends.base import Backend
 from draftwise.backends.batch import BatchBackend, SlotView, VerifyCall
+from draftwise.batch_control import Arm, DoNoHarm
 from draftwise.cost_profile import BatchCostProfile
 from draftwise.engine import GenerationConfig, GenerationResult, SpeculativeDecoder, Verified, VerifyRequest
 from draftwise.gate import rows_within_depths
@@ -105,6 +112,9 @@ class BatchDecoder:
     # t_B(n) of the target: with it, gated requests' rounds are cut to one depth that maximizes
     # the batch's committed tokens per second (a shared forward is as wide as its widest request)
     profile: BatchCostProfile | None = None
+    # with it, each round speculates or decodes plainly by which measured more committed tokens
+    # per second at this batch size (`draftwise.batch_control`)
+    harm: DoNoHarm | None = None
     rounds: list[BatchRound] = field(default_factory=list)
     _queue: deque[_Request] = field(default_factory=deque)
     _active: dict[int, _Request] = field(default_factory=dict)
@@ -148,13 +158,22 @@ class BatchDecoder:
             if request.waiting is None:  # just admitted: run it to its first verify
                 self._advance(request, None, events)
         waiting = [r for r in self._active.values() if r.waiting is not None]
-        if waiting:
-            for request, logits in self._verify(waiting):
-                if isinstance(logits, BaseException):
-                    self._throw(request, logits, events)
-                else:
-                    request.waiting = None
-                    self._advance(request, logits, events)
+        if not waiting:
+            return events
+        # only steady rounds are priced: a prompt read in the forward is no decoding step
+        steady = self.harm is not None and all(r.waiting is not None and not r.waiting.unread for r in waiting)
+        arm, explored = self.harm.play(len(waiting)) if steady and self.harm is not None else (Arm.SPECULATE, False)
+        published = len(events)
+        start = time.perf_counter()
+        for request, logits in self._verify(waiting, arm):
+            if isinstance(logits, BaseException):
+                self._throw(request, logits, events)
+            else:
+                request.waiting = None
+                self._advance(request, logits, events)
+        if steady and self.harm is not None and not self.rounds[-1].retried:
+            tokens = sum(len(e.tokens) for e in events[published:] if isinstance(e, Tokens))
+            self.harm.observe(len(waiting), arm, tokens, time.perf_counter() - start, explored)
         return events
 
     def events(self) -> Iterator[Event]:
@@ -219,8 +238,9 @@ class BatchDecoder:
         self._end(request)
         events.append(Failed(request.id, error))
 
-    def _verify(self, waiting: list[_Request]) -> list[tuple[_Request, TargetLogits | Verified | BaseException]]:
-        cut = self._batch_depth(waiting)
+    def _verify(self, waiting: list[_Request], arm: Arm = Arm.SPECULATE,
+                ) -> list[tuple[_Request, TargetLogits | Verified | BaseException]]:
+        cut = self._batch_depth(waiting) if arm is Arm.SPECULATE else self._plain(waiting)
         calls = []
         for r in waiting:
             assert r.waiting is not None and r.view is not None
@@ -235,6 +255,12 @@ class BatchDecoder:
         self.rounds.append(BatchRound(tuple(r.id for r in waiting), tuple(c.rows for c in calls),
                                       time.perf_counter() - start))
         return [(r, Verified(cut[r.id], out) if r.id in cut else out) for r, out in zip(waiting, logits)]
+
+    @staticmethod
+    def _plain(waiting: list[_Request]) -> dict[int, CompiledRound]:
+        """Request id -> its round cut to depth 0 (its pending row alone), for every round with candidates."""
+        return {r.id: cut_to_depth(r.waiting.round_, 0) for r in waiting
+                if r.waiting is not None and r.waiting.round_ is not None and r.waiting.round_.n and not r.waiting.unread}
 
     def _batch_depth(self, waiting: list[_Request]) -> dict[int, CompiledRound]:
         """Request id -> its round cut to the batch's depth, for the requests whose round it cuts."""

@@ -29,7 +29,7 @@ def drafter_keys(registry: DrafterRegistry = DRAFTERS) -> set[str]:
 
 
 DECODER_KEYS = frozenset({"proposer", "backend", "verifier", "target", "draft", "gate", "max_nodes", "max_depth",
-                          "exact", "calibration", "dtype", "strict", "batch"})
+                          "exact", "calibration", "dtype", "strict", "batch", "guard"})
 
 
 def parse_drafter(name: str, values: Mapping[str, str], registry: DrafterRegistry = DRAFTERS,
@@ -132,5 +132,6 @@ def spec_from_options(values: Mapping[str, str], base: DecoderSpec = DecoderSpec
         dtype=cast(DtypeChoice, check_dtype(values["dtype"])) if "dtype" in values else base.dtype,
         strict=Strict.parse(values["strict"]) if "strict" in values else base.strict,
         max_batch=int_value(values, "batch", base.max_batch),
+        guard=bool_value(values, "guard", base.guard),
         generation=replace(gen, limits=limits, exact=bool_value(values, "exact", gen.exact)),
     )

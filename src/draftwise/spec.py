@@ -134,6 +134,9 @@ class DecoderSpec:
     strict: Strict = Strict.OFF  # llama.cpp: kernels whose verify rows equal plain decoding's bit for bit
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     max_batch: int = 1  # requests a batch decoder of this spec holds at once (`batch=`): the gate is planned for it
+    # batched decoding: each round speculates or decodes plainly by which the rounds measured to commit
+    # more tokens per second at that batch size (`draftwise.batch_control`); `guard=false` speculates always
+    guard: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -200,6 +203,8 @@ class DecoderSpec:
             parts.append(f"strict={self.strict.value}")
         if self.max_batch > 1:
             parts.append(f"batch={self.max_batch}")
+        if not self.guard:
+            parts.append("guard=false")
         if not self.generation.exact:
             parts.append("exact=false (HEURISTIC verifier allowed: outputs are not the target's distribution)")
         return ", ".join(p for p in parts if p)

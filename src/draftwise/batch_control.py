@@ -1,0 +1,156 @@
+"""Do no harm across a batch: speculate only while it measurably commits more tokens per second.
+
+The batch-aware gate (`draftwise.batch`) sizes each round by a profile t_B(n) taken on equal
+prefixes.  The live batch is not that regime: its slots have different lengths (a padded cache
+is as long as its longest slot), requests join and leave, and prompt lookup's value changes
+within one answer.  So the price the profile gives can be wrong in either direction, and being
+wrong toward "rows are cheap" makes speculation slower than plain batched decoding — the
+complaint of every serving engine's tracker.  This controller decides, per batch size, between
+two arms from what the rounds themselves measured:
+
+- `SPECULATE`: each request's round as its gate (and the batch's depth cut) chose it;
+- `PLAIN`: every round cut to depth 0 (one row per request: plain batched decoding).
+
+Estimate.  For each (batch size, arm): exponentially weighted sums of the tokens the round
+committed (across the batch) and of the round's wall time (propose, verify, select, commit);
+their ratio is the arm's committed tokens per second.  The weights decay per round at that batch
+size, whichever arm played it, so an explored arm is judged by what it does now.  Rounds that read a prompt are not
+steady-state rounds and are not counted.
+
+Policy.  An unseen batch size starts on the arm that won at the nearest measured batch size
+(SPECULATE if none), and each arm is played `warmup` rounds before any comparison.  Then the
+arm with the higher estimate is played, and the other once every `interval` rounds, where
+`interval` starts at `explore_every` and doubles (up to `max_interval`) each time an
+exploration confirms the choice; it falls back to `explore_every` when the choice flips.
+
+Loss bound.  Once both estimates are within a factor (1 + e) of the truth, the controller plays
+the worse arm only in exploration rounds and in rounds where the two rates are within that
+factor of each other, so its throughput is at least
+    r_best * (1 - (1 - r_worse / r_best) / interval) / (1 + e)
+with interval >= explore_every (16 by default): at most 1/16 of the gap to the worse arm, i.e.
+1.5% when speculation runs at 0.75x plain.  Before that, the warm-up costs at most `warmup`
+rounds of the worse arm per batch size.  What it measures is what the run's rounds took: on a
+noisy machine a slow spell moves both arms' estimates (the weights decay in a few rounds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from draftwise.errors import InputError
+
+
+class Arm(Enum):
+    SPECULATE = "speculate"
+    PLAIN = "plain"
+
+    @property
+    def other(self) -> "Arm":
+        return Arm.PLAIN if self is Arm.SPECULATE else Arm.SPECULATE
+
+
+@dataclass(frozen=True)
+class DoNoHarmConfig:
+    explore_every: int = 16  # the shortest interval between rounds of the arm not chosen
+    max_interval: int = 128  # the longest, after explorations that keep confirming the choice
+    warmup: int = 2  # rounds of each arm at a new batch size before comparing them
+    decay: float = 0.8  # weight of the past per round (an estimate follows a change in ~1/(1 - decay) rounds)
+
+    def __post_init__(self) -> None:
+        if self.warmup < 1 or self.explore_every < 2 or self.max_interval < self.explore_every:
+            raise InputError(f"do-no-harm needs warmup >= 1 and 2 <= explore_every <= max_interval, got {self}")
+        if not 0.0 <= self.decay < 1.0:
+            raise InputError(f"do-no-harm decay must be in [0, 1), got {self.decay}")
+
+
+@dataclass
+class _Rate:
+    """Exponentially weighted committed tokens and seconds of one arm at one batch size.  The
+    weights decay with every round at that batch size, played on either arm: an arm explored
+    after 16 rounds of the other is judged by what it does now, not by what it did then."""
+
+    tokens: float = 0.0
+    seconds: float = 0.0
+    rounds: int = 0
+    last: int = 0  # the batch size's round count when this arm was last played
+
+    def add(self, tokens: int, seconds: float, decay: float, now: int) -> None:
+        past = decay ** (now - self.last)
+        self.tokens = past * self.tokens + tokens
+        self.seconds = past * self.seconds + seconds
+        self.rounds += 1
+        self.last = now
+
+    @property
+    def per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class _BatchState:
+    rates: dict[Arm, _Rate]
+    choice: Arm
+    interval: int
+    since_explore: int = 0
+    clock: int = 0  # rounds observed at this batch size
+
+
+@dataclass(frozen=True)
+class ArmRound:
+    """One counted round: its batch size, the arm played, and what it committed in how long."""
+
+    batch: int
+    arm: Arm
+    tokens: int
+    seconds: float
+    explored: bool
+
+
+@dataclass
+class DoNoHarm:
+    """The per-batch-size arm choice; `play(batch)` before a round, `observe(...)` after it."""
+
+    config: DoNoHarmConfig = field(default_factory=DoNoHarmConfig)
+    ledger: list[ArmRound] = field(default_factory=list)
+    _states: dict[int, _BatchState] = field(default_factory=dict)
+
+    def play(self, batch: int) -> tuple[Arm, bool]:
+        """The arm for a round of `batch` requests, and whether it is an exploration round."""
+        state = self._state(batch)
+        for arm in (state.choice, state.choice.other):  # warm-up: the prior's arm first
+            if state.rates[arm].rounds < self.config.warmup:
+                return arm, arm is not state.choice
+        if state.since_explore + 1 >= state.interval:
+            return state.choice.other, True
+        return state.choice, False
+
+    def observe(self, batch: int, arm: Arm, tokens: int, seconds: float, explored: bool) -> None:
+        state = self._state(batch)
+        state.clock += 1
+        state.rates[arm].add(tokens, seconds, self.config.decay, state.clock)
+        self.ledger.append(ArmRound(batch, arm, tokens, seconds, explored))
+        state.since_explore = 0 if explored else state.since_explore + 1
+        if any(rate.rounds < self.config.warmup for rate in state.rates.values()):
+            return
+        best = max(Arm, key=lambda a: (state.rates[a].per_second, a is Arm.PLAIN))  # a tie goes to plain
+        if best is not state.choice:
+            state.choice, state.interval = best, self.config.explore_every
+        elif explored:
+            state.interval = min(2 * state.interval, self.config.max_interval)
+
+    def estimates(self, batch: int) -> dict[Arm, float]:
+        """Committed tokens per second of each arm at `batch` (0.0 where not yet played)."""
+        state = self._states.get(batch)
+        return {} if state is None else {arm: rate.per_second for arm, rate in state.rates.items()}
+
+    def _state(self, batch: int) -> _BatchState:
+        if batch < 1:
+            raise InputError(f"a batch has at least one request, got {batch}")
+        state = self._states.get(batch)
+        if state is None:
+            nearest = min(self._states, key=lambda b: (abs(b - batch), b), default=None)
+            prior = Arm.SPECULATE if nearest is None else self._states[nearest].choice
+            state = _BatchState({arm: _Rate() for arm in Arm}, prior, self.config.explore_every)
+            self._states[batch] = state
+        return state

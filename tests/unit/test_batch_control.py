@@ -1,0 +1,82 @@
+"""The batch's do-no-harm controller (`draftwise.batch_control`): it converges to the arm that
+commits more tokens per second, explores the other within its stated bound, follows a change,
+and keeps each batch size's estimate apart."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from draftwise.batch_control import Arm, DoNoHarm, DoNoHarmConfig
+from draftwise.errors import InputError
+
+
+def run(controller: DoNoHarm, rates: dict[Arm, float], rounds: int, batch: int = 4, seed: int = 0,
+        noise: float = 0.0) -> list[Arm]:
+    """Play `rounds` rounds where arm a commits tokens at rates[a] tokens/s (1 s rounds, noisy)."""
+    rng = np.random.default_rng(seed)
+    played = []
+    for _ in range(rounds):
+        arm, explored = controller.play(batch)
+        tokens = max(0, int(round(rates[arm] * (1.0 + noise * rng.standard_normal()))))
+        controller.observe(batch, arm, tokens, 1.0, explored)
+        played.append(arm)
+    return played
+
+
+@pytest.mark.parametrize("winner", [Arm.PLAIN, Arm.SPECULATE])
+def test_converges_to_the_faster_arm_and_loses_within_the_bound(winner):
+    rates = {winner: 100.0, winner.other: 75.0}
+    config = DoNoHarmConfig()
+    controller = DoNoHarm(config)
+    played = run(controller, rates, 600, noise=0.05)
+    steady = played[2 * config.warmup:]
+    share = sum(a is winner for a in steady) / len(steady)
+    assert share >= 1 - 1 / config.explore_every
+    committed = sum(rates[a] for a in steady) / len(steady)
+    # the stated bound: at most 1/explore_every of the gap to the worse arm (and a little noise)
+    assert committed >= 100.0 * (1 - 0.25 / config.explore_every) - 0.5
+
+
+def test_exploration_backs_off_while_it_keeps_confirming_the_choice():
+    controller = DoNoHarm(DoNoHarmConfig(explore_every=4, max_interval=32))
+    played = run(controller, {Arm.PLAIN: 100.0, Arm.SPECULATE: 50.0}, 400)
+    late = played[200:]
+    assert sum(a is Arm.SPECULATE for a in late) <= len(late) / 32 + 1
+
+
+@pytest.mark.parametrize("before,after", [((150.0, 100.0), (40.0, 100.0)), ((40.0, 100.0), (150.0, 100.0))],
+                         ids=["speculation-stops-paying", "speculation-starts-paying"])
+def test_follows_a_change_within_a_bounded_number_of_rounds(before, after):
+    """Either way: a drop is seen by the arm played, a rise of the other arm by an exploration."""
+    config = DoNoHarmConfig()
+    controller = DoNoHarm(config)
+    rates = [{Arm.SPECULATE: spec, Arm.PLAIN: plain} for spec, plain in (before, after)]
+    run(controller, rates[0], 300)
+    played = run(controller, rates[1], 300)
+    winner = max(Arm, key=lambda a: rates[1][a])
+    first_streak = next(i for i in range(len(played) - 10) if all(a is winner for a in played[i:i + 10]))
+    # the next exploration (interval <= max_interval) sees the change, and the decayed estimate flips in a few rounds
+    assert first_streak <= config.max_interval + 10
+    assert sum(a is winner for a in played[-100:]) >= 90
+
+
+def test_a_controller_that_never_explores_would_miss_speculation_starting_to_pay():
+    """Planted fault: without exploration a plain choice is never revisited, which the test above catches."""
+    config = DoNoHarmConfig(explore_every=10 ** 6, max_interval=10 ** 6)
+    controller = DoNoHarm(config)
+    run(controller, {Arm.SPECULATE: 40.0, Arm.PLAIN: 100.0}, 50)
+    after = run(controller, {Arm.SPECULATE: 150.0, Arm.PLAIN: 100.0}, 200)
+    assert sum(a is Arm.SPECULATE for a in after[-100:]) < 90
+
+
+@pytest.mark.parametrize("bad", [dict(warmup=0), dict(explore_every=1), dict(explore_every=64, max_interval=32),
+                                 dict(decay=1.0), dict(decay=-0.1)])
+def test_bad_settings_are_refused(bad):
+    with pytest.raises(InputError, match="do-no-harm"):
+        DoNoHarmConfig(**bad)
+
+
+def test_a_batch_of_no_request_is_refused():
+    with pytest.raises(InputError, match="at least one request"):
+        DoNoHarm().play(0)
