@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, Sequence
 from draftwise.backends.base import Backend
 from draftwise.backends.batch import BatchBackend
 from draftwise.batch import BatchDecoder
+from draftwise.batch_control import DoNoHarm
 from draftwise.cost_profile import BatchCostProfile, VerifyCostProfile
 from draftwise.engine import GenerationConfig, GenerationResult, SpeculativeDecoder
 from draftwise.errors import InputError
@@ -165,19 +166,29 @@ def _engine(spec: DecoderSpec, target: Backend, draft: Backend | None, gate: Cos
 def batch_decoder(spec: DecoderSpec, target: BatchBackend, draft: Backend | None = None) -> BatchDecoder:
     """A batch engine for a concrete spec: each request gets its own engine (proposers, verifier
     bound for its policy, gate state) on its own slot of `target`."""
+    from draftwise.backends.load import draft_per_request
+
     drafter = concrete_drafter(spec)
-    if drafter is not None and not drafter.family.batched:
+    own_draft = drafter is not None and drafter.family.needs_draft_model
+    if drafter is not None and not drafter.family.batched and not own_draft:
         families = ", ".join(f.name for f in _batched_families())
-        raise InputError(f"proposer {drafter.name} keeps model state (a draft model's KV or the target's hidden "
-                         f"states) that requests in one batch would share; batched decoding runs {families} or none")
+        raise InputError(f"proposer {drafter.name} reads the target's hidden states, which a batch slot does not "
+                         f"keep; batched decoding runs {families}, draft-model or none")
+    if own_draft:  # refused before any work where a request cannot have a draft model of its own
+        if draft is None:
+            raise InputError("proposer draft-model needs a draft model (--draft MODEL)")
+        draft_per_request(draft)
     gate = gate_config(spec, target)  # the profile is read once, for every request
 
     def decoder_for(slot: Backend, config: GenerationConfig) -> SpeculativeDecoder:
         generation = replace(spec.generation, max_new_tokens=config.max_new_tokens, policy=config.policy,
                              seed=config.seed, stop_strings=config.stop_strings)
-        return _engine(replace(spec, generation=generation), slot, draft, gate)
+        # each request drafts on a draft model of its own (the same weights, its own KV), freed with it
+        request_draft = draft_per_request(draft) if own_draft and draft is not None else draft
+        return _engine(replace(spec, generation=generation), slot, request_draft, gate)
 
-    return BatchDecoder(target, decoder_for, spec.generation, profile=None if gate is None else gate.batch_profile)
+    return BatchDecoder(target, decoder_for, spec.generation, profile=None if gate is None else gate.batch_profile,
+                        harm=DoNoHarm() if spec.guard and drafter is not None else None)
 
 
 def _batched_families() -> list[DrafterFamily[Any]]:

@@ -11,6 +11,7 @@ import pytest
 
 from draftwise.backends.transformers_batch import TransformersBatch
 from draftwise.batch import BatchDecoder, Failed, Finished, Tokens
+from draftwise.batch_control import Arm, DoNoHarm
 from draftwise.build import batch_decoder, build_decoder
 from draftwise.engine import GenerationConfig
 from draftwise.errors import BackendError, ContractError, InputError
@@ -37,9 +38,10 @@ def batch_of(target, spec, max_slots: int) -> BatchDecoder:
     return batch_decoder(spec, TransformersBatch.from_backend(target, max_slots))
 
 
-@pytest.mark.parametrize("options", [dict(proposer="none"), dict(proposer="prompt-lookup", lookup=3),
-                                     dict(proposer="prompt-lookup", lookup=2, candidates=3)],
-                         ids=["plain", "lookup-chain", "lookup-tree"])
+@pytest.mark.parametrize("options", [dict(proposer="none"), dict(proposer="prompt-lookup", lookup=3, guard="false"),
+                                     dict(proposer="prompt-lookup", lookup=2, candidates=3, guard="false"),
+                                     dict(proposer="prompt-lookup", lookup=3)],
+                         ids=["plain", "lookup-chain", "lookup-tree", "lookup-guarded"])
 def test_greedy_batch_is_each_request_decoded_alone(tiny, options):
     spec = make_spec(GREEDY, **options)
     alone = [solo(tiny, spec, p) for p in PROMPTS]
@@ -51,8 +53,10 @@ def test_greedy_batch_is_each_request_decoded_alone(tiny, options):
     for request, (prompt, result) in enumerate(zip(PROMPTS, results)):  # each row's origin_request is its own
         rows = [int((r.origin_request == request).sum()) for r in batch.rounds if request in r.requests]
         assert rows == [(len(prompt) - 1 if k == 0 else 0) + 1 + record.nodes for k, record in enumerate(result.records)]
-    if options["proposer"] != "none":
+    if options["proposer"] != "none" and options.get("guard") == "false":
         assert sum(res.stats.mean_accepted > 0 for res in results) >= 3  # speculation really happened
+    if options.get("guard") is None and options["proposer"] != "none":  # the guard played both arms
+        assert batch.harm is not None and {r.arm for r in batch.harm.ledger} == {Arm.PLAIN, Arm.SPECULATE}
 
 
 def test_events_stream_each_request_and_leave_at_once(tiny):
@@ -138,8 +142,8 @@ def test_a_planted_fault_sending_logits_to_the_wrong_request_is_caught(tiny):
     alone = [solo(tiny, spec, p) for p in PROMPTS[:3]]
 
     class Rotated(BatchDecoder):
-        def _verify(self, waiting):
-            pairs = super()._verify(waiting)
+        def _verify(self, waiting, *arm):
+            pairs = super()._verify(waiting, *arm)
             logits = [logits for _, logits in pairs]
             return list(zip([r for r, _ in pairs], logits[1:] + logits[:1]))
 
@@ -176,9 +180,53 @@ def test_sampling_inside_a_batch_emits_the_targets_law(tiny):
     assert chi_square_p(counts, exact_joint(tiny, policy, prompt)) > 1e-3
 
 
-def test_a_model_drafter_is_refused_for_batches_before_any_work(tiny):
+def test_a_drafter_that_reads_hidden_states_is_refused_for_batches_before_any_work(tiny):
     with pytest.raises(InputError, match="batched decoding runs prompt-lookup"):
-        batch_decoder(make_spec(GREEDY, proposer="draft-model", draft="x"), TransformersBatch.from_backend(tiny, 2))
+        batch_decoder(make_spec(GREEDY, proposer="medusa", heads="x"), TransformersBatch.from_backend(tiny, 2))
+
+
+@pytest.mark.parametrize("options", [dict(k=3), dict(tree="wbd:2,1")], ids=["chain", "tree"])
+def test_a_draft_model_drafts_for_each_request_on_its_own_kv(tiny, options):
+    """Each request of a batch gets a draft model of its own (the same weights, its own KV):
+    every request's greedy output is the one it decodes alone, with 5 requests through 2 slots."""
+    draft = tiny_backend(5)
+    spec = make_spec(GREEDY, proposer="draft-model", draft="tiny", guard="false", **options)
+    alone = [build_decoder(spec, tiny, draft).generate(p) for p in PROMPTS[:5]]
+    batch = batch_decoder(spec, TransformersBatch.from_backend(tiny, 2), draft)
+    results = batch.generate_many(PROMPTS[:5])
+    assert [r.tokens for r in results] == [a.tokens for a in alone]
+    # the same drafts as alone, round by round: what each request's draft model saw was its own text
+    assert [accepted_per_round(r) for r in results] == [accepted_per_round(a) for a in alone]
+    assert any(r.stats.mean_accepted > 0 for r in results)  # the drafts were verified, and some accepted
+
+
+def accepted_per_round(result) -> list[tuple[int, int]]:
+    return [(record.nodes, record.accepted) for record in result.records]
+
+
+def test_a_batch_whose_requests_shared_one_draft_kv_would_be_caught(tiny):
+    """Planted fault: one draft backend for every request (their drafts then read each other's
+    KV) must change the drafts the test above compares round by round (the output stays exact:
+    the target verifies whatever is drafted), or that test could not fail."""
+    from draftwise.backends import load
+
+    draft = tiny_backend(5)
+    spec = make_spec(GREEDY, proposer="draft-model", draft="tiny", guard="false", k=3)
+    alone = [accepted_per_round(build_decoder(spec, tiny, draft).generate(p)) for p in PROMPTS[:4]]
+    shared = pytest.MonkeyPatch()
+    shared.setattr(load, "draft_per_request", lambda d: d)
+    try:
+        batch = batch_decoder(spec, TransformersBatch.from_backend(tiny, 4), draft)
+        outcome = batch.generate_many(PROMPTS[:4])
+    finally:
+        shared.undo()
+    assert [accepted_per_round(r) if hasattr(r, "records") else r for r in outcome] != alone
+
+
+def test_a_llamacpp_draft_model_is_refused_for_batches_by_name(tiny):
+    fake = type("LlamaDraft", (), {"info": replace(tiny.info, name="llamacpp")})()  # no fork: not a transformers draft
+    with pytest.raises(InputError, match="on llamacpp each request would need a context of its own"):
+        batch_decoder(make_spec(GREEDY, proposer="draft-model", draft="x", k=3), TransformersBatch.from_backend(tiny, 2), fake)
 
 
 @pytest.mark.model
@@ -256,14 +304,34 @@ def test_the_batch_cuts_every_gated_round_to_the_depth_that_pays_for_the_batch(t
     assert {i: r.n for i, r in middling._batch_depth([sure, unlikely]).items()} == {0: 2, 1: 2}  # (2.7 + 1.12) / 1.1 = 3.47 beats 2.86, 2 and 1.8
 
 
+def test_the_guard_cuts_to_plain_rounds_when_they_measure_faster_and_output_is_unchanged(tiny):
+    """A guard whose clock says speculation is slow plays plain rounds (one row per request) but
+    for its explorations, and every request's output is still the one decoded alone."""
+    spec = make_spec(GREEDY, proposer="prompt-lookup", lookup=3)
+    alone = [solo(tiny, spec, p) for p in PROMPTS]
+
+    class SlowSpeculation(DoNoHarm):  # the measured seconds of a speculating round, tripled
+        def observe(self, batch, arm, tokens, seconds, explored):
+            super().observe(batch, arm, tokens, seconds * (3.0 if arm is Arm.SPECULATE else 1.0), explored)
+
+    healthy = batch_of(tiny, spec, 3)
+    guarded = BatchDecoder(healthy.target, healthy.decoder_for, GREEDY, harm=SlowSpeculation())
+    results = guarded.generate_many(PROMPTS)
+    assert [r.tokens for r in results] == alone
+    at_three = [r for r in guarded.harm.ledger if r.batch == 3]
+    assert sum(r.arm is Arm.PLAIN for r in at_three) > 0.6 * len(at_three)
+    plain_rounds = [r for r in guarded.rounds if len(r.requests) == 3 and max(r.rows) == 1]
+    assert plain_rounds  # the plain arm really verified one row per request
+
+
 def test_a_round_answered_with_rows_that_are_not_a_cut_of_it_is_refused(tiny):
     from draftwise.engine import Verified
 
     spec = make_spec(GREEDY, proposer="prompt-lookup", lookup=3)
 
     class Forged(BatchDecoder):
-        def _verify(self, waiting):
-            pairs = super()._verify(waiting)
+        def _verify(self, waiting, *arm):
+            pairs = super()._verify(waiting, *arm)
             forged = []
             for request, logits in pairs:
                 round_ = request.waiting.round_ if request.waiting is not None else None

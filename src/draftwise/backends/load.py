@@ -94,6 +94,18 @@ def default_loader(threads: int | None = None, device: str = "cpu", dtype: Dtype
     return load
 
 
+def draft_per_request(draft: Backend) -> Backend:
+    """A draft model of its own for one request of a batch: the same loaded weights, its own KV
+    (a draft model's KV follows its request's text, so requests cannot share one)."""
+    from draftwise.backends.transformers import TransformersBackend
+
+    if not isinstance(draft, TransformersBackend):
+        raise InputError(f"a draft model drafts for the requests of a batch on the transformers backend; on "
+                         f"{draft.info.name} each request would need a context of its own, which is not built: "
+                         "decode these requests one at a time, or batch them with prompt-lookup")
+    return draft.fork()
+
+
 def open_batch(target: Backend, max_slots: int) -> BatchBackend:
     """A batch backend on `target`'s loaded model: up to `max_slots` requests, each with its own KV."""
     if max_slots < 1:

@@ -133,6 +133,11 @@ class TransformersBackend:
         )
         return cls(net, tokenizer, info)
 
+    def fork(self) -> "TransformersBackend":
+        """Another sequence on the same loaded weights: its own KV (empty until `reset`) and none of
+        this one's state.  A batch gives each request's draft model one (the weights are read-only)."""
+        return TransformersBackend(self.model, self.tokenizer, self.info)
+
     # ---- state ---------------------------------------------------------------------------
     @property
     def cached_len(self) -> int:
