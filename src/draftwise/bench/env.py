@@ -54,3 +54,16 @@ def machine() -> dict:
 
 def environment(threads: int, models: set[str]) -> dict:
     return {"machine": machine(), "threads": threads, "libraries": library_versions(), "models": model_hashes(models)}
+
+
+def current_rss_bytes() -> int:
+    """The process's resident memory now (Linux: /proc/self/statm, no psutil needed); elsewhere
+    the peak so far (getrusage), which only grows.  Sampled per round by the concurrency cells,
+    whose own peak the process-wide maximum would hide behind earlier, larger runs."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux and BSD report KiB

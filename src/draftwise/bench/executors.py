@@ -4,7 +4,10 @@ draftwise methods are opened through `draftwise.api.open_decoder` (the same path
 backends from the run's shared pool), peers in
 `peers.py`.  Every executor times its call the same way (perf_counter around the whole call,
 prefill included, as Spec-Bench does) and records emit events from the generation's own
-callback.
+callback.  `run_batch` decodes a list of prompts with B requests in flight (`--concurrency`):
+draftwise methods through `BatchDecoder` (`closed_loop.py`), transformers' `generate` on padded
+waves (`peers.py`); a method that cannot batch raises `BatchRefused` (or the `InputError`
+draftwise's batch engine refuses it with).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from dataclasses import replace
 from typing import Protocol, Sequence
 
 from draftwise.api import Decoder, open_decoder
+from draftwise.bench.cells import CellRun
+from draftwise.bench.closed_loop import run_closed_loop
 from draftwise.bench.methods import MethodSpec
 from draftwise.bench.outputs import EmitClock, TurnOutput
 from draftwise.bench.pool import ModelPool
@@ -27,6 +32,10 @@ class Executor(Protocol):
     def chat_prompt(self, messages: Sequence[dict]) -> list[int]: ...
 
     def run(self, prompt: Sequence[int], max_new_tokens: int | None = None) -> TurnOutput: ...
+
+    def run_batch(self, prompts: Sequence[tuple[str, Sequence[int]]], batch: int,
+                  max_new_tokens: int | None = None) -> CellRun:
+        """Every (question_id, prompt ids) decoded with `batch` requests in flight."""
 
     def gate_profile(self) -> dict | None:
         """The verify-cost profile a cost gate decides by; None without a gate."""
@@ -56,6 +65,14 @@ class DraftwiseExecutor:
             if gate is not None:
                 return gate.profile.to_json()
         return None
+
+    def run_batch(self, prompts: Sequence[tuple[str, Sequence[int]]], batch: int,
+                  max_new_tokens: int | None = None) -> CellRun:
+        """A fresh batch engine of `batch` slots (its own KV and rounds) per call; InputError when
+        the method's drafter cannot share a batch."""
+        generation = self._opened.spec.generation
+        config = replace(generation, max_new_tokens=max_new_tokens or generation.max_new_tokens)
+        return run_closed_loop(self._opened.batch(batch), prompts, batch, config)
 
     def run(self, prompt: Sequence[int], max_new_tokens: int | None = None) -> TurnOutput:
         decoder = self._decoder(max_new_tokens)

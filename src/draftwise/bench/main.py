@@ -10,6 +10,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from draftwise.bench.cells import CellStore
+from draftwise.bench.concurrency_run import pending_cells, run_concurrency
 from draftwise.bench.env import environment
 from draftwise.bench.pool import ModelPool
 from draftwise.bench.report import write_report
@@ -63,7 +65,8 @@ def run_bench(settings: BenchSettings, out: Path, resume: bool = False, console:
                                           "earlier_environments": earlier, "earlier_gate_profiles": earlier_gates})
 
     record_session()  # before the timed part too: a run stopped midway still says where it ran
-    total = pending_generations(plan, executors, store)
+    cells = CellStore(out)
+    total = pending_generations(plan, executors, store) + pending_cells(plan, executors, cells)
     columns = (TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
     started = time.perf_counter()
     with Progress(*columns, console=console, disable=not show_progress) as progress:
@@ -77,6 +80,7 @@ def run_bench(settings: BenchSettings, out: Path, resume: bool = False, console:
                               f"({(time.perf_counter() - started) / 60:.1f} min)", highlight=False)
 
         run_questions(plan, executors, store, advance)
+        run_concurrency(plan, executors, cells, lambda method, batch: advance(method, f"B={batch}"))
     record_session()
     return finish(out)
 

@@ -10,6 +10,16 @@ Note: with the default "heuristic" schedule, transformers carries hf-assisted's 
 over from one `generate` call to the next (it writes it back into the assistant's
 generation_config); the peer is benchmarked as users get it.
 
+With B requests in flight (`--concurrency`), `hf-plain` runs `generate` on padded batches of B
+prompts: left padding, the attention mask marking it, greedy, the same `max_new_tokens` and EOS
+set.  That is static batching: a wave ends when its longest request does, and only then does
+the next wave start, so the closed loop runs in waves of B (a request is counted as sent when
+its lane's previous request finished: its wait for the wave is part of its time to first token).
+A sequence that ends early is filled with the pad token (EOS) until the wave ends; its tokens
+stop at its first EOS.  transformers' assisted generation (`assistant_model`,
+`prompt_lookup_num_tokens`) takes one sequence at a time, so those peers run at B = 1 only, and
+llama-cpp-python has no multi-sequence generate: they are reported as refused at other B.
+
 llama.cpp peers: llama-cpp-python's high-level `Llama.generate` token iterator, greedy
 (temp=0 uses llama.cpp's greedy sampler), min_p/top_k/top_p/repeat penalties off.  `reset()`
 before each call: otherwise `Llama` reuses the KV of a matching earlier prompt and skips the
@@ -43,6 +53,8 @@ from typing import Sequence
 import torch
 
 from draftwise.backends.base import Backend
+from draftwise.bench.cells import BatchRefused, CellRun, RequestTrace
+from draftwise.bench.env import current_rss_bytes
 from draftwise.bench.methods import MethodSpec
 from draftwise.bench.outputs import EmitClock, TurnOutput
 from draftwise.engine import GenerationConfig
@@ -95,6 +107,53 @@ class HfExecutor:
     def gate_profile(self) -> None:  # peers have no cost gate
         return None
 
+    def run_batch(self, prompts: Sequence[tuple[str, Sequence[int]]], batch: int,
+                  max_new_tokens: int | None = None) -> CellRun:
+        """The prompts in waves of `batch`, each one padded `generate` call (static batching)."""
+        if batch > 1 and self.method.kind != "hf-plain":
+            raise BatchRefused(f"{self.method.kind}: transformers' assisted generation decodes one sequence at a time "
+                               "(batch size 1)")
+        kwargs = self._kwargs(max_new_tokens or self.generation.max_new_tokens)
+        lanes = [0.0] * batch  # when each lane's previous request ended: its next one is sent then
+        traces: list[RequestTrace] = []
+        kv_peak, rss_peak, steps = 0, current_rss_bytes(), 0
+        clock = EmitClock()
+        for first in range(0, len(prompts), batch):
+            wave = prompts[first:first + batch]
+            out, prompt_len, offsets, counts = self._wave([list(p) for _, p in wave], kwargs, clock)
+            steps += len(offsets)
+            kv_peak = max(kv_peak, len(wave) * (prompt_len + len(offsets)) * (self.target.info.kv_row_bytes or 0))
+            rss_peak = max(rss_peak, current_rss_bytes())
+            for lane, (question_id, _) in enumerate(wave):
+                tokens = self._until_eos(out[lane, prompt_len:].tolist())
+                chunks = _per_request_chunks(offsets, [c // len(wave) for c in counts], len(tokens))
+                traces.append(RequestTrace(question_id, lanes[lane], tuple(t for t, _ in chunks),
+                                           tuple(n for _, n in chunks), tokens))
+                lanes[lane] = chunks[-1][0] if chunks else lanes[lane]
+        wall = time.perf_counter() - clock.start
+        return CellRun(wall_time=wall, requests=tuple(traces), kv_peak_bytes=kv_peak or None,
+                       kv_rows_peak_bytes=None, rss_peak_bytes=rss_peak, forwards=steps)
+
+    def _wave(self, prompts: list[list[int]], kwargs: dict, clock: EmitClock) -> tuple[torch.Tensor, int, list, list]:
+        """One left-padded `generate`: (its output ids [B, P + steps], P, step offsets, step token counts)."""
+        model = self.target.model
+        width = max(len(p) for p in prompts)
+        pad = kwargs["pad_token_id"]
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=torch.long, device=model.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long,
+                            device=model.device)
+        torch.manual_seed(self.generation.seed)
+        before = len(clock.offsets)
+        with torch.inference_mode():
+            out = model.generate(input_ids=input_ids, attention_mask=mask, streamer=_StepStreamer(clock), **kwargs)
+        return out, width, clock.offsets[before:], clock.counts[before:]
+
+    def _until_eos(self, ids: list[int]) -> tuple[int, ...]:
+        """A padded row's own tokens: up to its first EOS, which is kept (the pad after it is the wave's)."""
+        eos = self.target.info.eos_token_ids
+        end = next((i + 1 for i, t in enumerate(ids) if t in eos), len(ids))
+        return tuple(int(t) for t in ids[:end])
+
     def run(self, prompt: Sequence[int], max_new_tokens: int | None = None) -> TurnOutput:
         kwargs = self._kwargs(max_new_tokens or self.generation.max_new_tokens)
         model = self.target.model
@@ -129,6 +188,11 @@ class LlamaCppExecutor:
     def gate_profile(self) -> None:  # peers have no cost gate
         return None
 
+    def run_batch(self, prompts: Sequence[tuple[str, Sequence[int]]], batch: int,
+                  max_new_tokens: int | None = None) -> CellRun:
+        raise BatchRefused(f"{self.method.kind}: llama-cpp-python has no multi-sequence generate (draftwise's plain "
+                           "batched decoding on llama.cpp is the baseline there)")
+
     def run(self, prompt: Sequence[int], max_new_tokens: int | None = None) -> TurnOutput:
         limit = max_new_tokens or self.generation.max_new_tokens
         policy = self.generation.policy
@@ -157,3 +221,16 @@ class LlamaCppExecutor:
             emit_offsets=tuple(clock.offsets),
             accept_lengths=None,  # the iterator yields one token at a time, drafted or not
         )
+
+
+def _per_request_chunks(offsets: Sequence[float], counts: Sequence[int], tokens: int) -> list[tuple[float, int]]:
+    """(offset, tokens) of each step that brought this request a token of its own, up to `tokens`
+    (a wave's later steps only pad a request that has ended)."""
+    chunks: list[tuple[float, int]] = []
+    left = tokens
+    for offset, count in zip(offsets, counts):
+        if left <= 0:
+            break
+        chunks.append((offset, min(count, left)))
+        left -= chunks[-1][1]
+    return chunks

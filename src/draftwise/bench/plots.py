@@ -113,6 +113,59 @@ def plot_time_split(summary: dict, path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def _measured(summary: dict) -> dict[str, dict[int, dict]]:
+    """method -> B -> its concurrency row, for the (method, B) cells that were measured (not refused)."""
+    table = (summary.get("concurrency") or {}).get("methods", {})
+    return {name: {int(b): row for b, row in rows.items() if row.get("total_tokens_per_s") is not None}
+            for name, rows in table.items()
+            if any(row.get("total_tokens_per_s") is not None for row in rows.values())}
+
+
+def plot_throughput_vs_batch(summary: dict, path: Path) -> Path | None:
+    """Total tok/s (median of the repeats, bars from min to max) against B, one line per method."""
+    methods = _measured(summary)
+    if not methods:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, rows in methods.items():
+        batches = sorted(rows)
+        median = np.array([rows[b]["total_tokens_per_s"] for b in batches])
+        spread = [median - np.array([rows[b]["total_tokens_per_s_min"] for b in batches]),
+                  np.array([rows[b]["total_tokens_per_s_max"] for b in batches]) - median]
+        ax.errorbar(batches, median, yerr=spread, marker="o", capsize=3, label=name)
+    levels = summary["concurrency"]["levels"]
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(levels, [str(b) for b in levels])
+    ax.set_xlabel("requests in flight (B, closed loop)")
+    ax.set_ylabel("committed tokens / s, all requests")
+    ax.set_title("Throughput vs batch size (median of repeats, min-max bars)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _save(fig, path)
+
+
+def plot_itl_cdf(summary: dict, path: Path) -> Path | None:
+    """The inter-token latency CDF (gaps between a request's chunks) of every method, one panel per B."""
+    methods = _measured(summary)
+    levels = [b for b in summary.get("concurrency", {}).get("levels", [])
+              if any(rows.get(b, {}).get("itl_cdf_ms") for rows in methods.values())]
+    if not levels:
+        return None
+    fig, axes = plt.subplots(1, len(levels), figsize=(3.2 * len(levels) + 1.5, 3.6), sharey=True, squeeze=False)
+    colors = {name: f"C{i % 10}" for i, name in enumerate(methods)}  # one colour per method in every panel
+    for ax, batch in zip(axes[0], levels):
+        for name, rows in methods.items():
+            cdf = rows.get(batch, {}).get("itl_cdf_ms")
+            if cdf:
+                ax.plot(cdf, np.linspace(0, 1, len(cdf)), color=colors[name])
+        ax.set_xscale("log")
+        ax.set_title(f"B = {batch}", fontsize=9)
+        ax.set_xlabel("ITL, ms (per chunk)")
+    axes[0][0].set_ylabel("fraction of gaps")
+    handles = [plt.Line2D([], [], color=color, label=name) for name, color in colors.items()]
+    axes[0][-1].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _save(fig, path)
+
+
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
@@ -126,6 +179,8 @@ def write_plots(summary: dict, root: Path) -> list[Path]:
         plot_accepted_histogram(summary, root / "accepted_length_histogram.png"),
         plot_acceptance_by_depth(summary, root / "acceptance_by_depth.png"),
         plot_time_split(summary, root / "time_split.png"),
+        plot_throughput_vs_batch(summary, root / "throughput_vs_batch.png"),
+        plot_itl_cdf(summary, root / "itl_cdf.png"),
     ]
     return [p for p in made if p is not None]
 

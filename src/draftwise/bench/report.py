@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from draftwise.bench.concurrency_report import CONCURRENCY_DEFINITIONS, concurrency_section
+
 DEFINITIONS = """\
 **How to read this.** *tok/s* is Spec-Bench's: each question's new tokens over its wall time
 (prefill included, all turns), averaged over questions. *Speedup* divides that by the same
@@ -217,10 +219,12 @@ def _kernel_rounding(ties: dict) -> list[str]:
 
 def render_report(summary: dict, plots: list[Path], ties: dict | None = None) -> str:
     lines = _overview(summary) + _methods_table(summary) + _overall_table(summary) + _category_table(summary)
-    lines += _split_table(summary) + _exactness(summary, ties or {})
+    lines += _split_table(summary) + _exactness(summary, ties or {}) + concurrency_section(summary)
     if plots:
         lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
     lines += ["## Definitions", "", DEFINITIONS]
+    if summary.get("concurrency"):
+        lines += [CONCURRENCY_DEFINITIONS]
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@
    that turn's tokens, phase split and latencies all come from one real run.
 6. The question's answer line is appended to the method's JSONL as soon as it is done:
    `--resume` skips (method, question) pairs already on disk.
+7. With `concurrency`, the cells with B requests in flight follow (`concurrency_run.py`).
 """
 
 from __future__ import annotations
@@ -55,9 +56,12 @@ class BenchSettings:
     threads: int = 1
     warmup_tokens: int = 8
     dtype: DtypeChoice = DEFAULT_DTYPE  # every transformers model's, peers' included (they share the object)
+    concurrency: tuple[int, ...] = ()  # B values of the closed-loop cells (`concurrency_run.py`); () for none
 
     def __post_init__(self) -> None:
         check_dtype(self.dtype)
+        if any(b < 1 for b in self.concurrency):
+            raise ValueError(f"--concurrency counts requests in flight, each >= 1: got {list(self.concurrency)}")
         if self.repeats < 1:
             raise ValueError(f"--repeats must be >= 1, got {self.repeats}")
         if not self.methods:
@@ -70,7 +74,10 @@ class BenchSettings:
                                 seed=self.seed)
 
     def as_dict(self) -> dict:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        settings = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        if not self.concurrency:  # a run without cells keeps the run.json of runs made before the option
+            del settings["concurrency"]
+        return settings
 
 
 @dataclass(frozen=True)

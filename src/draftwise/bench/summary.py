@@ -10,6 +10,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from draftwise.bench.cells import CellStore
+from draftwise.bench.concurrency_summary import concurrency_summary, first_turn_tokens
 from draftwise.bench.methods import references
 from draftwise.bench.metrics import method_metrics
 from draftwise.bench.runner import BenchSettings, make_plan
@@ -63,6 +65,11 @@ def build_summary(root: Path) -> dict:
             "overall": overall,
             "categories": categories,
         }
+    concurrency = None
+    if settings.concurrency:
+        single = {name: first_turn_tokens(by_id[name]) for name in by_id} if greedy else None
+        concurrency = concurrency_summary(CellStore(root).load(), [m.name for m in plan.methods],
+                                          settings.concurrency, single, refs)
     return {
         "version": SUMMARY_VERSION,
         "settings": settings.as_dict(),
@@ -75,6 +82,7 @@ def build_summary(root: Path) -> dict:
         "checkpoints": session.get("checkpoints", {}),
         "gate_profiles": session.get("gate_profiles", {}),  # the t(n) each gated method decided by
         "earlier_gate_profiles": session.get("earlier_gate_profiles", []),  # earlier sessions' differing ones
+        "concurrency": concurrency,  # B requests in flight per (method, B); None without --concurrency
     }
 
 

@@ -53,6 +53,9 @@ def run(
     dtype: str = typer.Option(DEFAULT_DTYPE, help="dtype of every transformers model (draftwise's methods and the HF "
                               "peers share the object): float32 | bfloat16 | auto (measured once, cached). "
                               "llama.cpp methods run the GGUF's own types."),
+    concurrency: Optional[str] = typer.Option(
+        None, help="B values, e.g. 1,2,4,8: after the per-question pass, every method also decodes the first turns "
+                   "with B requests in flight (closed loop), for each B, interleaved repeats (docs/bench.md)."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out from its saved answers."),
     retry_failures: bool = typer.Option(False, "--retry-failures",
                                         help="With --resume: run again the questions a method failed on."),
@@ -62,6 +65,7 @@ def run(
     """Run a benchmark (when no subcommand is given)."""
     if ctx.invoked_subcommand is not None:
         return
+    from draftwise.bench.concurrency_run import parse_concurrency
     from draftwise.bench.main import finish, run_bench
     from draftwise.bench.runner import BenchSettings
 
@@ -76,7 +80,8 @@ def run(
     try:
         settings = BenchSettings(workloads=tuple(workload), methods=tuple(method), target=target, draft=draft,
                                  max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, repeats=repeats,
-                                 threads=threads or default_threads(), warmup_tokens=warmup_tokens, dtype=dtype)
+                                 threads=threads or default_threads(), warmup_tokens=warmup_tokens, dtype=dtype,
+                                 concurrency=parse_concurrency(concurrency) if concurrency else ())
         summary = run_bench(settings, out, resume=resume, console=err, show_progress=not quiet,
                             retry_failures=retry_failures)
     except DraftwiseError as exc:
