@@ -14,22 +14,19 @@ from rich.console import Console
 from rich.table import Table
 
 from draftwise.api import Decoder, open_decoder
-from draftwise.cli.common import DEFAULTS, DTYPE_HELP, dim, err, fail, quiet_llama_cpp, split_settings
+from draftwise.cli.common import DecoderOptions, decoder_command, dim, err, fail, quiet_llama_cpp
 from draftwise.engine import GenerationConfig, GenerationResult
 from draftwise.errors import DraftwiseError, InputError
 from draftwise.logs import progress_to
 from draftwise.options import config_help
 from draftwise.proposers.registry import DRAFTERS
 from draftwise.sampling import SamplingPolicy
-from draftwise.spec import CALIBRATION_WORKLOAD, DecoderSpec
-from draftwise.parse import spec_from_options
 from draftwise.text import check_utf8
 from draftwise.text_stream import TextStream
-from draftwise.verify.registry import VERIFIERS
 from draftwise.workloads import read_prompt_file
 
 
-
+@decoder_command
 def generate(
     prompt: Optional[str] = typer.Argument(None, help="Prompt text (use --chat to wrap it in the model's chat template); "
                                            "or --prompts FILE."),
@@ -38,44 +35,18 @@ def generate(
     batch: int = typer.Option(8, "--batch", help="With --prompts: requests in flight at once (the rest join as others "
                               "finish); --gate auto then measures what rows cost at each batch size (= --set batch=N)."),
     chat: bool = typer.Option(False, "--chat", help="Apply the model's chat template."),
-    target: str = typer.Option(DEFAULTS.target, help="Target model: alias, .gguf file, directory or hub id."),
-    draft: Optional[str] = typer.Option(None, help="Draft model, for a proposer that drafts with one (draft-model)."),
-    backend: str = typer.Option(DEFAULTS.backend, help="auto | transformers | llamacpp."),
-    proposer: str = typer.Option(DEFAULTS.proposer, help=f"{' | '.join(DRAFTERS.choices())} (auto: the best predicted "
-                                 "on this machine, from plain traces of --calibration-workload); "
-                                 "`draftwise proposers` lists each one's keys."),
-    verifier: str = typer.Option(DEFAULTS.verifier, help=f"auto | {' | '.join(VERIFIERS)}."),
-    allow_heuristic: bool = typer.Option(False, "--allow-heuristic", help="Permit a heuristic (inexact) verifier."),
     temperature: float = typer.Option(0.0, help="0 = greedy."),
     top_p: float = typer.Option(1.0),
     top_k: int = typer.Option(0, help="0 disables top-k."),
     seed: int = typer.Option(0),
     max_new_tokens: int = typer.Option(GenerationConfig().max_new_tokens),
-    settings: list[str] = typer.Option([], "--set", help="Drafter or decoder key KEY=VALUE (repeatable), e.g. "
-                                       "--set k=4 --set tree=wbd:2,2,1; `draftwise proposers` lists the keys."),
-    draft_k: Optional[int] = typer.Option(None, help="Draft chain length (= --set k=N)."),
-    tree: Optional[str] = typer.Option(None, help="Draft tree (= --set tree=...): chain:4, wbd:2,2,1, cartesian:3,2,2, "
-                                       "JSON paths, a `tree optimize` directory, or auto."),
-    relation: Optional[str] = typer.Option(None, help="Draft tree children (= --set relation=...): iid | "
-                                           "without_replacement | beam."),
-    lookup_tokens: Optional[int] = typer.Option(None, help="Prompt lookup tokens per proposal (= --set lookup=N)."),
-    lookup_ngram: Optional[int] = typer.Option(None, help="Prompt lookup max n-gram size (= --set ngram=N)."),
-    lookup_candidates: Optional[int] = typer.Option(None, help=">1: a tree of that many continuations (= --set candidates=N)."),
-    index: Optional[str] = typer.Option(None, help="REST datastore for --proposer rest (= --set index=DIR)."),
-    gate: Optional[str] = typer.Option(None, help="Cost gate: verify only as deep as the measured t(n) and recent acceptance pay for; auto (measured once, cached) or a verify_profile directory."),
-    threads: Optional[int] = typer.Option(None, help="CPU threads (default: all cores)."),
-    dtype: str = typer.Option(DEFAULTS.dtype, help=DTYPE_HELP),
     stop: list[str] = typer.Option([], help="Stop string (repeatable)."),
-    calibration_workload: str = typer.Option(CALIBRATION_WORKLOAD, help="Prompts that calibrate --tree auto and --proposer auto on first use."),
     compare_ar: bool = typer.Option(False, "--compare-ar", help="Also run plain decoding and compare."),
-    strict: bool = typer.Option(False, "--strict", help="llama.cpp: kernels whose verify rows are bit-identical to plain decoding's (>= 2-row decodes; for a drafter that may branch also flash attention, unpacked weights), rounds capped at the rows the invariance probe measured exact (= --set strict=true; strict=chains|trees chooses the kernel set)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text and stats."),
+    *,
+    options: DecoderOptions,  # --target, --proposer, ...: added by `decoder_command`
 ) -> None:
     """Generate text with speculative decoding and print the statistics."""
-    named = {"proposer": proposer, "k": draft_k, "tree": tree, "relation": relation, "lookup": lookup_tokens,
-             "ngram": lookup_ngram, "candidates": lookup_candidates, "index": index, "gate": gate,
-             "calibration": calibration_workload if proposer == "auto" else None, "strict": "true" if strict else None,
-             "batch": batch if prompts_file is not None else None}  # gate=auto is then planned for the batch
     try:
         many = _requests(prompt, prompts_file, batch)
         if many is None:
@@ -84,18 +55,12 @@ def generate(
             if not prompt:
                 raise InputError("the prompt is empty: give the text to continue (or, with --chat, the message to answer)")
         policy = SamplingPolicy(temperature=temperature, top_k=top_k, top_p=top_p)
-        base = DecoderSpec(target=target, backend=backend, draft=draft, verifier=verifier, threads=threads, dtype=dtype,
-                           generation=GenerationConfig(max_new_tokens=max_new_tokens, policy=policy, seed=seed,
-                                                       stop_strings=tuple(stop), exact=not allow_heuristic))
-        options = {k: str(v) for k, v in named.items() if v is not None}
-        for key, value in split_settings(settings).items():
-            if key in options and key != "proposer":
-                raise InputError(f"{key} is given twice (an option and --set {key}=...)")
-            options[key] = value
-        spec = spec_from_options(options, base)
+        generation = GenerationConfig(max_new_tokens=max_new_tokens, policy=policy, seed=seed, stop_strings=tuple(stop))
+        # with --prompts, gate=auto is planned for the batch
+        spec = options.spec(generation, batch if prompts_file is not None else None)
         quiet_llama_cpp()
         with progress_to(None if as_json else dim):
-            decoder = open_decoder(spec, calibration=calibration_workload)
+            decoder = open_decoder(spec, calibration=options.calibration_workload)
         if many is not None:
             _generate_many(decoder, many, chat, batch, compare_ar, as_json)
             return
