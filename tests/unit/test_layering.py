@@ -3,7 +3,7 @@ TYPE_CHECKING imports included), no import up a layer, and `open_decoder`'s walk
 straight down the stages (parse -> plan -> build), the build stage entered once.
 
     0  cli        the commands
-    1  tools      bench, oracles, training (they call the library; the library never calls them)
+    1  tools      bench, oracles, training, serve (they call the library; the library never calls them)
     2  api        open_decoder: parse -> plan -> build
     3  parse      option strings -> a typed DecoderSpec, once, at the edge
     4  plan       every auto resolved (check, load, resolve)
@@ -26,6 +26,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = SRC / "draftwise"
 
 LAYERS = (("draftwise.cli", 0), ("draftwise.bench", 1), ("draftwise.oracles", 1), ("draftwise.training", 1),
+          ("draftwise.serve", 1),
           ("draftwise.api", 2),
           ("draftwise.parse", 3), ("draftwise.plan", 4), ("draftwise.optimize", 5), ("draftwise.build", 6),
           ("draftwise.preflight", 6))

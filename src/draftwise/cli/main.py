@@ -14,6 +14,7 @@ from draftwise.cli.index import index_app
 from draftwise.cli.models import models_app
 from draftwise.cli.profile import oracle, profile
 from draftwise.cli.selfdraft import adapter_app, skip_app
+from draftwise.cli.serve import serve
 from draftwise.cli.tree import calibrate, tree_app
 
 app = typer.Typer(help="Exact speculative decoding, chosen by measured time per committed token.", no_args_is_help=True)
@@ -29,6 +30,7 @@ app.add_typer(adapter_app, name="adapter")
 app.add_typer(tree_app, name="tree")
 app.command()(calibrate)
 app.add_typer(bench_app, name="bench")
+app.command()(serve)
 
 if __name__ == "__main__":
     app()
