@@ -17,6 +17,7 @@ from rich.table import Table
 
 from draftwise.backends.dtype import DEFAULT_DTYPE
 from draftwise.bench.methods import PEERS
+from draftwise.cli.bench_serve import serve_cmd
 from draftwise.cli.common import err, fail
 from draftwise.errors import DraftwiseError
 from draftwise.backends.load import default_threads
@@ -24,6 +25,7 @@ from draftwise.engine import GenerationConfig
 from draftwise.models import DEFAULT_MODEL
 
 bench_app = typer.Typer(help="Benchmark draftwise methods against plain decoding and peers (Spec-Bench protocol).")
+bench_app.command("serve")(serve_cmd)  # `draftwise bench serve`: OpenAI-compatible servers under load
 
 METHOD_HELP = (
     "NAME=CONFIG (repeatable). CONFIG: dw[:key=value,...] (keys: proposer, backend, verifier, target, draft, k, "
