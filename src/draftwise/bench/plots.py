@@ -146,7 +146,7 @@ def plot_throughput_vs_batch(summary: dict, path: Path) -> Path | None:
 def plot_itl_cdf(summary: dict, path: Path) -> Path | None:
     """The inter-token latency CDF (gaps between a request's chunks) of every method, one panel per B."""
     methods = _measured(summary)
-    levels = [b for b in summary.get("concurrency", {}).get("levels", [])
+    levels = [b for b in (summary.get("concurrency") or {}).get("levels", [])
               if any(rows.get(b, {}).get("itl_cdf_ms") for rows in methods.values())]
     if not levels:
         return None
