@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from draftwise.bench.formatting import fmt
+
 CONCURRENCY_DEFINITIONS = """\
 **Requests in flight.** Each (method, B) cell decodes the first turn of every question with B
 requests in flight, closed loop: B are sent at the start and each time one ends the next is
@@ -23,9 +25,7 @@ single-request answer / the plain reference's (every repeat's requests counted).
 
 
 def _fmt(value, digits: int = 1) -> str:
-    if value is None:
-        return "–"
-    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+    return fmt(value, digits)
 
 
 def _mb(value: int | None) -> str:

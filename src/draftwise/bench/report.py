@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from draftwise.bench.concurrency_report import CONCURRENCY_DEFINITIONS, concurrency_section
+from draftwise.bench.formatting import fmt as _fmt
 
 DEFINITIONS = """\
 **How to read this.** *tok/s* is Spec-Bench's: each question's new tokens over its wall time
@@ -27,14 +28,6 @@ one event); llama.cpp peers yield drafted tokens one by one, so their gaps inclu
 ones. Peak memory is the process's maximum RSS, which only grows: the value after a
 method was loaded includes every model loaded before it.
 """
-
-
-def _fmt(value, digits: int = 2) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
 
 
 def _winner(summary: dict) -> str:
