@@ -100,8 +100,8 @@ class Exactness:
 
 def compare_tokens(runs: Sequence[CellRun], expected: dict[str, tuple[int, ...]]) -> Exactness | None:
     """Each request's tokens against `expected[question_id]`; None when nothing could be compared."""
-    compared, examples = 0, []
-    mismatches = 0
+    compared = mismatches = 0
+    examples: list[str] = []
     for run in runs:
         for request in run.requests:
             want = expected.get(request.question_id)

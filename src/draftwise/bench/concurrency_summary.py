@@ -34,8 +34,8 @@ def concurrency_summary(cells: Sequence[Cell], methods: Sequence[str], levels: S
                                                    None if single is None or reference is None else single.get(reference))
     for name, rows in table.items():  # throughput against the plain reference at the same B
         reference = references.get(name)
-        for batch, row in rows.items():
-            theirs = table.get(reference or "", {}).get(batch, {}).get("total_tokens_per_s")
-            mine = row.get("total_tokens_per_s")
-            row["vs_reference"] = round(mine / theirs, 4) if mine is not None and theirs else None
+        for level, row in rows.items():
+            theirs = table.get(reference or "", {}).get(level, {}).get("total_tokens_per_s")
+            rate = row.get("total_tokens_per_s")
+            row["vs_reference"] = round(rate / theirs, 4) if rate is not None and theirs else None
     return {"levels": list(levels), "references": {n: references.get(n) for n in methods}, "methods": table}
