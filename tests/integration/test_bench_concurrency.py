@@ -81,6 +81,7 @@ def test_closed_loop_keeps_b_in_flight_and_each_answer_alone(tiny, alone):
         assert sum(o.sent <= request.sent < o.chunk_offsets[-1] for o in run.requests if o is not request) <= 1
     assert sorted(r.sent for r in run.requests)[2:] == pytest.approx(ends[:3], abs=0.05)  # sent as lanes free up
     assert run.kv_peak_bytes >= run.kv_rows_peak_bytes > 0 and run.rss_peak_bytes > 0
+    assert 0 < run.forward_seconds < run.wall_time
 
 
 @pytest.mark.model

@@ -52,6 +52,7 @@ class CellRun:
     rss_peak_bytes: int  # the process's resident memory, sampled at every round boundary
     forwards: int | None = None  # shared target forwards (draftwise) or generate steps (transformers)
     rows_per_forward: float | None = None  # draftwise: rows a shared forward verified, on average
+    forward_seconds: float | None = None  # draftwise: time in the shared forwards (the rest: proposing, selecting, ...)
 
 
 @dataclass(frozen=True)

@@ -73,4 +73,5 @@ def run_closed_loop(engine: BatchDecoder, prompts: Sequence[tuple[str, Sequence[
     rounds = engine.rounds
     return CellRun(wall_time=wall, requests=tuple(done[q] for q, _ in prompts), kv_peak_bytes=kv_peak,
                    kv_rows_peak_bytes=kv_rows_peak, rss_peak_bytes=rss_peak, forwards=len(rounds),
-                   rows_per_forward=(sum(sum(r.rows) for r in rounds) / len(rounds)) if rounds else None)
+                   rows_per_forward=(sum(sum(r.rows) for r in rounds) / len(rounds)) if rounds else None,
+                   forward_seconds=sum(r.seconds for r in rounds))

@@ -163,6 +163,9 @@ def cell_row(cells: Sequence[Cell], single: dict[str, tuple[int, ...]] | None,
         "rss_peak_bytes": max((r.rss_peak_bytes for r in runs), default=None),
         "forwards": _median([r.forwards for r in runs]),
         "rows_per_forward": _round(_median([r.rows_per_forward for r in runs])),
+        # the round-cost ledger: the shared forwards' share of the wall time (draftwise methods)
+        "forward_share": _round(_median([None if r.forward_seconds is None else r.forward_seconds / r.wall_time
+                                         for r in runs if r.wall_time > 0])),
         "exact_vs_single": None if mine is None else asdict(mine),
         "exact_vs_plain": None if theirs is None else asdict(theirs),
     }
