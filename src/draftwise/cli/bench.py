@@ -100,7 +100,24 @@ def _print_summary(summary: dict, out: Path) -> None:
         table.add_row(name, f"{o['tokens_per_s']:.3f}", _num(o["speedup"]), _num(o["mean_accepted"]),
                       _num(o["mismatches"]), status)
     Console().print(table)
+    if summary.get("concurrency"):
+        _print_concurrency(summary["concurrency"])
     err.print(f"report: {out / 'report.md'}")
+
+
+def _print_concurrency(concurrency: dict) -> None:
+    table = Table("method", "B", "total tok/s", "x ref", "TTFT p50 ms", "ITL p50 / p99 ms", "exact vs plain",
+                  title="requests in flight (closed loop, medians of the repeats)")
+    for name, rows in concurrency["methods"].items():
+        for batch, row in rows.items():
+            if "refused" in row:
+                table.add_row(name, batch, f"refused: {row['refused']}", "", "", "", "")
+                continue
+            exact = row["exact_vs_plain"]
+            table.add_row(name, batch, _num(row["total_tokens_per_s"]), _num(row["vs_reference"]),
+                          _num(row["ttft_p50_ms"]), f"{_num(row['itl_p50_ms'])} / {_num(row['itl_p99_ms'])}",
+                          "–" if exact is None else f"{exact['compared'] - exact['mismatches']}/{exact['compared']}")
+    Console().print(table)
 
 
 def _num(value) -> str:
