@@ -25,7 +25,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = SRC / "draftwise"
 
-LAYERS = (("draftwise.cli", 0), ("draftwise.bench", 1), ("draftwise.oracles", 1), ("draftwise.training", 1),
+LAYERS = (("draftwise.cli", 0), ("draftwise.bench", 1), ("draftwise.oracles", 1), ("draftwise.training", 1), ("draftwise.vllm", 1),
           ("draftwise.serve", 1),
           ("draftwise.api", 2),
           ("draftwise.parse", 3), ("draftwise.plan", 4), ("draftwise.optimize", 5), ("draftwise.build", 6),

@@ -1,0 +1,126 @@
+"""vLLM method strings, parsed once into `VllmMethod`s (vLLM's speculative_config):
+
+    vllm-plain                          no speculation
+    vllm-ngram[:k=4,ngram=4,min=2]      vLLM's own n-gram drafter (prompt_lookup_max / _min)
+    vllm-draft:draft=DIR[,k=4]          a draft model (a vLLM-loadable directory)
+    vllm-medusa:heads=DIR[,k=...]       Medusa heads in vLLM's layout
+    vllm-custom=prompt-lookup[:k=4,ngram=2]   a draftwise drafter inside vLLM (custom_class)
+    vllm-export=DIR                     the speculative_config `draftwise export vllm` wrote
+
+Defaults are vLLM's documented example values, defined here once: K = 4 (`vllm-ngram` K=4 is
+the peer issue 45 measured), n-gram sizes 2..4.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftwise.errors import InputError
+from draftwise.vllm.protocol import VllmMethod
+
+DEFAULT_K = 4
+DEFAULT_NGRAM_MAX = 4
+DEFAULT_NGRAM_MIN = 2
+CUSTOM_CLASS = "draftwise.vllm.proposer.DraftwiseProposer"
+PROPOSER_ENV = "DRAFTWISE_VLLM_PROPOSER"  # the custom proposer's config (JSON), set in the worker's environment
+_KEYS = {"vllm-plain": set(), "vllm-ngram": {"k", "ngram", "min"}, "vllm-draft": {"draft", "k"},
+         "vllm-medusa": {"heads", "k"}, "vllm-custom": {"k", "ngram", "schedule"}}
+
+
+@dataclass(frozen=True)
+class CustomDrafterConfig:
+    """What the custom proposer inside vLLM runs: draftwise's prompt lookup (chain), and K per
+    batch size (`schedule`: (first B, last B, K) ranges, as vLLM's own schedule; K 0 = no draft)."""
+
+    drafter: str = "prompt-lookup"
+    k: int = DEFAULT_K
+    max_ngram: int = 2  # draftwise's prompt-lookup default (PromptLookupConfig.max_ngram)
+    schedule: tuple[tuple[int, int, int], ...] = ()
+
+    def k_for(self, batch: int) -> int:
+        for first, last, k in self.schedule:
+            if first <= batch <= last:
+                return k
+        return self.k
+
+    def to_json(self) -> str:
+        return json.dumps({"drafter": self.drafter, "k": self.k, "max_ngram": self.max_ngram,
+                           "schedule": [list(s) for s in self.schedule]})
+
+    @classmethod
+    def from_json(cls, text: str) -> "CustomDrafterConfig":
+        body = json.loads(text)
+        return cls(drafter=body["drafter"], k=int(body["k"]), max_ngram=int(body["max_ngram"]),
+                   schedule=tuple((int(a), int(b), int(k)) for a, b, k in body.get("schedule", ())))
+
+
+def _keys(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise InputError(f"{item!r} is not KEY=VALUE")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _int(keys: dict[str, str], key: str, default: int) -> int:
+    try:
+        value = int(keys.get(key, default))
+    except ValueError:
+        raise InputError(f"{key} must be an integer, got {keys[key]!r}") from None
+    if value < 1:
+        raise InputError(f"{key} must be >= 1, got {value}")
+    return value
+
+
+def parse_schedule(text: str) -> tuple[tuple[int, int, int], ...]:
+    """'1-1:4/2-8:0' -> ((1, 1, 4), (2, 8, 0))."""
+    out = []
+    for item in filter(None, text.split("/")):
+        span, _, k = item.partition(":")
+        first, _, last = span.partition("-")
+        out.append((int(first), int(last or first), int(k)))
+    return tuple(out)
+
+
+def parse_method(text: str) -> VllmMethod:
+    """A method string -> its VllmMethod (vLLM speculative_config, environment)."""
+    if text.startswith("vllm-export="):
+        from draftwise.vllm.export import load_exported_method
+
+        return load_exported_method(Path(text.removeprefix("vllm-export=")))
+    kind, _, rest = text.partition(":")
+    drafter = None
+    if kind.startswith("vllm-custom="):
+        kind, drafter = "vllm-custom", kind.removeprefix("vllm-custom=")
+    if kind not in _KEYS:
+        raise InputError(f"unknown vLLM method {kind!r}; known: {', '.join(sorted(_KEYS))}, vllm-export=DIR")
+    keys = _keys(rest)
+    unknown = set(keys) - _KEYS[kind]
+    if unknown:
+        raise InputError(f"{kind} takes {sorted(_KEYS[kind]) or 'no keys'}, not {sorted(unknown)}")
+    k = _int(keys, "k", DEFAULT_K)
+    if kind == "vllm-plain":
+        return VllmMethod(text, None)
+    if kind == "vllm-ngram":
+        return VllmMethod(text, {"method": "ngram", "num_speculative_tokens": k,
+                                 "prompt_lookup_max": _int(keys, "ngram", DEFAULT_NGRAM_MAX),
+                                 "prompt_lookup_min": _int(keys, "min", DEFAULT_NGRAM_MIN)})
+    if kind == "vllm-draft":
+        if "draft" not in keys:
+            raise InputError("vllm-draft needs draft=DIR (a vLLM-loadable model directory)")
+        return VllmMethod(text, {"method": "draft_model", "model": keys["draft"], "num_speculative_tokens": k})
+    if kind == "vllm-medusa":
+        if "heads" not in keys:
+            raise InputError("vllm-medusa needs heads=DIR (Medusa heads in vLLM's layout)")
+        return VllmMethod(text, {"method": "medusa", "model": keys["heads"], "num_speculative_tokens": k})
+    if drafter != "prompt-lookup":
+        raise InputError(f"vllm-custom runs draftwise's prompt-lookup inside vLLM; {drafter!r} is not supported yet")
+    config = CustomDrafterConfig(drafter=drafter, k=k, max_ngram=_int(keys, "ngram", 2),
+                                 schedule=parse_schedule(keys.get("schedule", "")))
+    max_k = max([k, *(s[2] for s in config.schedule)])
+    return VllmMethod(text, {"method": "custom_class", "model": CUSTOM_CLASS, "num_speculative_tokens": max_k},
+                      env={PROPOSER_ENV: config.to_json()})

@@ -1,0 +1,84 @@
+"""Run vLLM from draftwise's environment: the worker (`draftwise.vllm.worker`) in .venv-vllm,
+as a subprocess, with the settings issue 45 found vLLM's CPU build needs here.
+
+vLLM is never imported in draftwise's own environment; what crosses is JSON
+(`draftwise.vllm.protocol`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from draftwise.errors import BackendError
+from draftwise.vllm.protocol import BatchResult, WorkerRequest
+
+REPO = Path(__file__).resolve().parents[3]  # src/draftwise/vllm -> the checkout (an editable install)
+DEFAULT_VENV = REPO / ".venv-vllm"
+SETUP_HINT = "run scripts/setup_vllm.sh (it builds .venv-vllm, ~3.5 GB; CI does not)"
+
+
+@dataclass(frozen=True)
+class VllmEnvironment:
+    """How the worker runs.  `kv_space_gb`: VLLM_CPU_KVCACHE_SPACE (unset, vLLM reserves most of
+    the memory and starts several times slower); `iomp`: preload the Intel OpenMP vLLM ships (its
+    CPU speculation warns without it); `threads_bind`: VLLM_CPU_OMP_THREADS_BIND (vLLM's `auto`
+    binds one core on a 2-core machine and reserves the other)."""
+
+    venv: Path = DEFAULT_VENV
+    kv_space_gb: int = 2
+    iomp: bool = False
+    threads_bind: str = "auto"
+    timeout_s: float = 1800.0
+
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
+
+    def missing(self) -> str | None:
+        """Why vLLM cannot run here (None: it can)."""
+        if not self.python.is_file():
+            return f"no vLLM environment at {self.venv}: {SETUP_HINT}"
+        return None
+
+    def variables(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({"VLLM_CPU_KVCACHE_SPACE": str(self.kv_space_gb), "HF_HUB_OFFLINE": "1",
+                    "VLLM_CPU_OMP_THREADS_BIND": self.threads_bind,
+                    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))})
+        if self.iomp:
+            libs = sorted((self.venv / "lib").glob("libiomp5.so"))
+            if not libs:
+                raise BackendError(f"no libiomp5.so under {self.venv / 'lib'}")
+            env["LD_PRELOAD"] = os.pathsep.join(filter(None, [str(libs[0]), env.get("LD_PRELOAD")]))
+        return env
+
+
+def run_worker(request: WorkerRequest, environment: VllmEnvironment = VllmEnvironment(),
+               log_path: Path | None = None) -> list[BatchResult]:
+    """Every method of `request` at every batch size, in one worker process (vLLM's log goes to
+    `log_path`, or is dropped)."""
+    reason = environment.missing()
+    if reason:
+        raise BackendError(reason)
+    with tempfile.TemporaryDirectory(prefix="draftwise-vllm-") as tmp:
+        request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        request_path.write_text(json.dumps(request.to_json()))
+        command = [str(environment.python), "-m", "draftwise.vllm.worker", str(request_path), str(result_path)]
+        with open(log_path or os.devnull, "w") as log:
+            done = subprocess.run(command, env=environment.variables(), stdout=log, stderr=subprocess.STDOUT,
+                                  timeout=environment.timeout_s, check=False)
+        results = [BatchResult.from_json(r) for r in json.loads(result_path.read_text())] if result_path.is_file() else []
+    if done.returncode != 0:
+        where = f"; its log: {log_path}" if log_path else ""
+        raise BackendError(f"the vLLM worker exited with status {done.returncode} after {len(results)} results{where}")
+    return results
+
+
+def by_method(results: Sequence[BatchResult]) -> dict[tuple[str, int], BatchResult]:
+    return {(r.method, r.batch): r for r in results}

@@ -1,0 +1,76 @@
+"""Offline generation inside .venv-vllm: one vLLM engine per method, the prompts in groups of B
+for each batch size, token ids and wall time back as JSON.  Run by `draftwise.vllm.runner`:
+
+    PYTHONPATH=src .venv-vllm/bin/python -m draftwise.vllm.worker REQUEST.json RESULT.json
+
+Greedy (temperature 0), prompts given as token ids so that vLLM reads exactly the tokens
+draftwise reads.  Imports vllm: never import this module from draftwise's own environment.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+from typing import Any
+
+from draftwise.vllm.protocol import BatchResult, VllmMethod, WorkerRequest
+
+SPEC_COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens": "accepted"}
+
+
+def spec_counters(llm: Any) -> dict[str, float]:
+    return {short: float(m.value) for m in llm.get_metrics()
+            if (short := SPEC_COUNTERS.get(m.name)) is not None and hasattr(m, "value")}
+
+
+def run_method(request: WorkerRequest, method: VllmMethod) -> list[BatchResult]:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    os.environ.update(method.env)  # this worker process's own environment, read by a custom proposer
+    start = time.perf_counter()
+    llm = LLM(model=request.model, dtype=request.dtype, max_model_len=request.max_model_len,
+              max_num_seqs=max(request.batch_sizes), speculative_config=dict(method.speculative_config or {}) or None,
+              enforce_eager=request.enforce_eager, disable_log_stats=False, seed=0,
+              # each batch size re-runs the same prompts: a cached prefix would make later sizes cheaper
+              enable_prefix_caching=False)
+    load_s = time.perf_counter() - start
+    params = SamplingParams(temperature=0.0, max_tokens=request.max_tokens, ignore_eos=request.ignore_eos)
+    prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in request.prompts]
+    llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)  # warm-up
+    results = []
+    for batch in request.batch_sizes:
+        before = spec_counters(llm)
+        tokens: list[tuple[int, ...]] = []
+        start = time.perf_counter()
+        for i in range(0, len(prompts), batch):  # each group runs as one concurrent batch
+            outputs = llm.generate(prompts[i:i + batch], params, use_tqdm=False)
+            tokens.extend(tuple(o.outputs[0].token_ids) for o in outputs)
+        wall = time.perf_counter() - start
+        after = spec_counters(llm)
+        results.append(BatchResult(method=method.name, batch=batch, tokens=tuple(tokens), wall_s=wall,
+                                   new_tokens=sum(len(t) for t in tokens), load_s=load_s,
+                                   spec_counters={k: after[k] - before.get(k, 0.0) for k in after}))
+        print(f"[vllm worker] {method.name} B={batch}: {results[-1].tokens_per_s:.1f} tok/s", file=sys.stderr, flush=True)
+    del llm
+    gc.collect()
+    return results
+
+
+def main(argv: list[str]) -> int:
+    request = WorkerRequest.from_json(json.loads(open(argv[0]).read()))
+    out: list[dict] = []
+    for method in request.methods:
+        out.extend(asdict(r) for r in run_method(request, method))
+        with open(argv[1], "w") as handle:  # after every method: a later failure keeps the earlier results
+            json.dump(out, handle)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
