@@ -185,3 +185,28 @@ def test_an_extend_profile_times_catch_ups_not_verifies():
     with tempfile.TemporaryDirectory() as directory:
         saved = write_profile(recorder, Path(directory) / "p", prefix_len=8, rows=rows, repeats=1, extend=True)
     assert saved.provenance["shape"] == EXTEND_SHAPE
+
+
+
+@pytest.mark.parametrize("reliable,measured_again", [(True, False), (None, False), (False, True)],
+                         ids=["quiet", "single-repeats", "busy"])
+def test_a_profile_measured_while_the_machine_was_busy_is_never_reused(tmp_path, reliable, measured_again):
+    """A cached profile whose repeats disagreed (`reliable: false`) is measured again; one whose
+    repeats agreed, or of single repeats (that cannot tell), is reused."""
+    from draftwise.backends.profile import SAMPLING
+    from draftwise.cost_profile import VerifyCostProfile
+    from draftwise.optimize.auto import ensure_profile
+
+    target = tiny_backend(0)
+    cached = VerifyCostProfile.from_absolute([1, 2, 3], [0.01, 0.02, 0.03], model=target.info.checkpoint,
+                                             backend=target.info.name, threads=1, machine="x",
+                                             provenance={"prefix_len": 8, "repeats": 3, "shape": "random tree",
+                                                         "sampling": SAMPLING, "noise_cv": 0.05, "reliable": reliable})
+    cached.save(tmp_path / "profile")
+    messages: list[str] = []
+    with progress_to(messages.append):
+        got = ensure_profile(target, tmp_path / "profile", (1, 2, 3), 8, 2)
+    assert any("measuring" in m for m in messages) is measured_again
+    assert (got != cached) is measured_again
+    if measured_again:  # a fresh profile records its own noise
+        assert got.provenance["noise_cv"] is not None and isinstance(got.provenance["reliable"], bool)

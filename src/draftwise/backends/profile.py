@@ -14,6 +14,11 @@ passes, each over every n in a fresh shuffled order.  Timing all repeats of one 
 let a slow spell of a shared machine land on that n alone (three repeats of n = 6 once came out
 20% above n = 7); spread over passes it lands on one sample of each n, which the median drops.
 Decoding changes its row count every round too, so a shuffled order is also the realistic one.
+
+Noise.  Each profile records `noise_cv`, the median over its row counts of the repeats'
+coefficient of variation (`draftwise.timing`), and `reliable` (noise_cv within
+`timing.DEFAULT_MAX_CV`).  A profile measured while the machine was busy is used for the run
+that measured it and never reused from the cache (`optimize.auto.sampled_as_now`).
 """
 
 from __future__ import annotations
@@ -24,13 +29,14 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from draftwise.backends.base import Backend
 from draftwise.backends.batch import BatchBackend, VerifyCall
 from draftwise.errors import InputError
+from draftwise.timing import DEFAULT_MAX_CV
 from draftwise.contracts import ProbabilitySemantics, ProposalNode, ProposalResult, ProposerContract
 from draftwise.contracts import SamplingRelation, TopologyKind
 from draftwise.cost_profile import BatchCostProfile, VerifyCostProfile
@@ -142,7 +148,9 @@ def profile_verify_cost(
     for n, median in zip(rows, medians):
         log.info("n=%3d: %8.2f ms (x%.2f)", n, median * 1e3, median / medians[0])
     backend.reset()
+    noise = noise_of(samples.values())
     return {
+        **noise,
         "rows": [int(n) for n in rows],
         "absolute_s": medians,
         "relative": [m / medians[0] for m in medians],
@@ -152,6 +160,19 @@ def profile_verify_cost(
         "threads": int(getattr(backend, "n_threads", 0) or len(os.sched_getaffinity(0))),
         "machine": machine_description(),
     }
+
+
+def noise_of(samples: Iterable[Sequence[float]]) -> dict[str, Any]:
+    """{"noise_cv": the median over cells of their repeats' stdev / mean, "reliable": within the
+    limit}; with single repeats the noise is unknown (both None: the caller asked for one pass)."""
+    cvs = [float(np.std(s, ddof=1) / np.mean(s)) for s in samples if len(s) > 1 and np.mean(s) > 0]
+    if not cvs:
+        return {"noise_cv": None, "reliable": None}
+    cv = float(np.median(cvs))
+    if cv > DEFAULT_MAX_CV:
+        log.warning("the machine was busy while this profile was measured (its repeats varied %.0f%%, limit %.0f%%): "
+                    "it is used for this run and measured again next time", 100 * cv, 100 * DEFAULT_MAX_CV)
+    return {"noise_cv": round(cv, 4), "reliable": cv <= DEFAULT_MAX_CV}
 
 
 def write_profile(
@@ -171,7 +192,7 @@ def write_profile(
         measured["rows"], measured["absolute_s"], model=measured["model"], backend=measured["backend"],
         threads=measured["threads"], machine=measured["machine"],
         provenance={"prefix_len": prefix_len, "repeats": repeats, "shape": shape, "sampling": SAMPLING,
-                    "dtype": measured["dtype"]},
+                    "dtype": measured["dtype"], "noise_cv": measured["noise_cv"], "reliable": measured["reliable"]},
     )
     profile.save(Path(out_dir))
     return profile
@@ -214,7 +235,7 @@ def profile_batch_verify_cost(batch: BatchBackend, batch_sizes: Sequence[int], r
             batch.close(slot)
     threads = int(batch.n_threads or len(os.sched_getaffinity(0)))
     provenance = {"prefix_len": prefix_len, "repeats": repeats, "shape": "a chain of n - 1 rows per slot",
-                  "sampling": SAMPLING, "dtype": batch.info.dtype}
+                  "sampling": SAMPLING, "dtype": batch.info.dtype, **noise_of(samples.values())}
     by_batch = {}
     for b in batch_sizes:
         medians = [float(np.median(samples[(b, n)])) for n in rows]

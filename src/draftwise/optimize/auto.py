@@ -81,9 +81,12 @@ def artifact_matches(directory: Path, kind: str, check: Callable[[dict], bool]) 
 
 
 def sampled_as_now(provenance: dict) -> bool:
-    """A profile measured here (it records its repeats) must have been sampled the current way;
-    a hand-written one (no repeats) has no sampling to check."""
-    return "repeats" not in provenance or provenance.get("sampling") == PROFILE_SAMPLING
+    """A profile measured here (it records its repeats) must have been sampled the current way,
+    on a machine quiet enough for its repeats to agree (`reliable`: one measured while the
+    machine was busy is never reused; one of single repeats cannot tell and is); a hand-written one
+    (no repeats) has no sampling to check."""
+    return "repeats" not in provenance or (provenance.get("sampling") == PROFILE_SAMPLING
+                                           and provenance.get("reliable") is not False)
 
 
 def ensure_profile(target: Backend, directory: Path, rows: Sequence[int], prefix_len: int, repeats: int, *,
