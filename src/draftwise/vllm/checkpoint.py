@@ -52,13 +52,13 @@ def architectures_for(config: Mapping[str, Any]) -> tuple[str, ...]:
     LlamaForCausalLM), the name vLLM's registry is keyed by."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    model_type = config.get("model_type")
+    model_type = str(config.get("model_type"))
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise ValueError(f"no causal-LM architecture is registered for model_type {model_type!r}")
     return (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type],)
 
 
-def fix_for_vllm(tensors: dict, config: dict) -> tuple[dict, dict, CheckpointFixes]:
+def fix_for_vllm(tensors: dict[str, Any], config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], CheckpointFixes]:
     """(tensors, config) as vLLM reads them; the inputs are not modified."""
     tensors, config = dict(tensors), dict(config)
     materialise = EMBED not in tensors

@@ -1,14 +1,14 @@
 """vLLM method strings, parsed once into `VllmMethod`s (vLLM's speculative_config):
 
     vllm-plain                          no speculation
-    vllm-ngram[:k=4,ngram=4,min=2]      vLLM's own n-gram drafter (prompt_lookup_max / _min)
+    vllm-ngram[:k=5,ngram=4,min=4]      vLLM's own n-gram drafter (prompt_lookup_max / _min)
     vllm-draft:draft=DIR[,k=4]          a draft model (a vLLM-loadable directory)
     vllm-medusa:heads=DIR[,k=...]       Medusa heads in vLLM's layout
     vllm-custom=prompt-lookup[:k=4,ngram=2]   a draftwise drafter inside vLLM (custom_class)
     vllm-export=DIR                     the speculative_config `draftwise export vllm` wrote
 
-Defaults are vLLM's documented example values, defined here once: K = 4 (`vllm-ngram` K=4 is
-the peer issue 45 measured), n-gram sizes 2..4.
+Defaults are vLLM's documented n-gram example, defined here once: num_speculative_tokens 5,
+prompt_lookup_max 4 (prompt_lookup_min then defaults to the same 4): "vLLM's default" in reports.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ from pathlib import Path
 from draftwise.errors import InputError
 from draftwise.vllm.protocol import VllmMethod
 
-DEFAULT_K = 4
+DEFAULT_K = 5
 DEFAULT_NGRAM_MAX = 4
-DEFAULT_NGRAM_MIN = 2
 CUSTOM_CLASS = "draftwise.vllm.proposer.DraftwiseProposer"
 PROPOSER_ENV = "DRAFTWISE_VLLM_PROPOSER"  # the custom proposer's config (JSON), set in the worker's environment
 _KEYS = {"vllm-plain": set(), "vllm-ngram": {"k", "ngram", "min"}, "vllm-draft": {"draft", "k"},
@@ -32,7 +31,8 @@ _KEYS = {"vllm-plain": set(), "vllm-ngram": {"k", "ngram", "min"}, "vllm-draft":
 @dataclass(frozen=True)
 class CustomDrafterConfig:
     """What the custom proposer inside vLLM runs: draftwise's prompt lookup (chain), and K per
-    batch size (`schedule`: (first B, last B, K) ranges, as vLLM's own schedule; K 0 = no draft)."""
+    batch size (`schedule`: (first B, last B, K) ranges, as vLLM's own schedule; K 0 = no draft;
+    batch sizes outside every range take `k`)."""
 
     drafter: str = "prompt-lookup"
     k: int = DEFAULT_K
@@ -108,7 +108,7 @@ def parse_method(text: str) -> VllmMethod:
     if kind == "vllm-ngram":
         return VllmMethod(text, {"method": "ngram", "num_speculative_tokens": k,
                                  "prompt_lookup_max": _int(keys, "ngram", DEFAULT_NGRAM_MAX),
-                                 "prompt_lookup_min": _int(keys, "min", DEFAULT_NGRAM_MIN)})
+                                 "prompt_lookup_min": _int(keys, "min", _int(keys, "ngram", DEFAULT_NGRAM_MAX))})
     if kind == "vllm-draft":
         if "draft" not in keys:
             raise InputError("vllm-draft needs draft=DIR (a vLLM-loadable model directory)")

