@@ -8,6 +8,7 @@ from __future__ import annotations
 import typer
 
 from draftwise.cli.bench import bench_app
+from draftwise.cli.export import export_app
 from draftwise.cli.generate import generate, proposers
 from draftwise.cli.heads import heads_app
 from draftwise.cli.index import index_app
@@ -30,6 +31,7 @@ app.add_typer(adapter_app, name="adapter")
 app.add_typer(tree_app, name="tree")
 app.command()(calibrate)
 app.add_typer(bench_app, name="bench")
+app.add_typer(export_app, name="export")
 app.command()(serve)
 
 if __name__ == "__main__":
