@@ -118,10 +118,10 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        body = {"status": "draining" if state.draining else "ok", "model": config.model, "active": state.worker.active,
-                "queued": state.worker.queued, "in_flight": state.in_flight, "max_batch": config.max_batch,
-                "max_queue": config.max_queue}
-        return JSONResponse(body, status_code=503 if state.draining else 200)
+        status = "draining" if state.draining else "ok" if state.worker.alive else "engine stopped"
+        body = {"status": status, "model": config.model, "active": state.worker.active, "queued": state.worker.queued,
+                "in_flight": state.in_flight, "max_batch": config.max_batch, "max_queue": config.max_queue}
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

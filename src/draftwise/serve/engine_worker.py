@@ -160,23 +160,40 @@ class EngineWorker:
             self._wake.notify()
 
     # ---- the worker thread ------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def _run(self) -> None:
         while True:
-            with self._wake:
-                while not self._inbox and self.batch.idle() and not self._closing:
-                    self._wake.wait()
-                commands, self._inbox = self._inbox, []
-                closing = self._closing
-            for command in commands:
-                self._apply(command)
-            self._expire(closing)
-            if self.batch.idle():
-                self._count()
-                if closing:
+            try:
+                if self._iterate():
                     return
-                continue
+            except Exception as exc:  # the thread must outlive any bug, or every later request would hang
+                self._fail_all(exc)
+
+    def _iterate(self) -> bool:
+        """Take the inbox, then run one round if there is work; True once closed and idle."""
+        with self._wake:
+            while not self._inbox and self.batch.idle() and not self._closing:
+                self._wake.wait()
+            commands, self._inbox = self._inbox, []
+            closing = self._closing
+        for command in commands:
+            self._apply(command)
+        self._expire(closing)
+        if not self.batch.idle():
             self._step()
-            self._count()
+        self._count()
+        return closing and self.batch.idle()
+
+    def _fail_all(self, exc: BaseException) -> None:
+        """A bug below the server: end every request with it (a 500), rather than leave them waiting."""
+        log.error("the engine failed", exc_info=exc)
+        for job in list(self._jobs.values()):
+            self._cancel(job, "error")
+            self._end(job)
+            self._refuse(job.sink, job.request, ApiError(500, f"the engine failed: {exc!r}", "engine_error"))
 
     def _count(self) -> None:
         with self._wake:  # submits still in the inbox count as queued
@@ -208,6 +225,11 @@ class EngineWorker:
             return
         except DraftwiseError as exc:
             self._refuse(submit.sink, request, bad_request(str(exc), "invalid_request"))
+            return
+        except Exception as exc:  # a tokenizer's own failure: this request's alone
+            log.exception("a request could not be prepared")
+            self._refuse(submit.sink, request, ApiError(500, f"the request could not be prepared: {exc!r}",
+                                                        "engine_error"))
             return
         job = _Job(submit.key, request, submit.sink, submit.arrived, submit.arrived + self.config.request_timeout,
                    seed, len(ids), TextPieces(self.target.detokenize, self.target.info.eos_token_ids),
@@ -263,12 +285,8 @@ class EngineWorker:
     def _step(self) -> None:
         try:
             events = self.batch.step()
-        except Exception as exc:  # a bug below: end every request with it rather than hang them
-            log.exception("a batch round failed")
-            for job in list(self._jobs.values()):
-                self._cancel(job, "error")
-                self._end(job)
-                self._refuse(job.sink, job.request, ApiError(500, f"the engine failed: {exc!r}", "engine_error"))
+        except Exception as exc:
+            self._fail_all(exc)
             time.sleep(0.05)  # a round that keeps failing must not spin the thread
             return
         # the batch keeps a record of every shared forward; a server would grow it without end
