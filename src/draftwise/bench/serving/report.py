@@ -92,5 +92,10 @@ def markdown(results: dict[str, Any], rows: list[Row], plots: list[Path]) -> str
     machine = env["machine"]
     lines += [f"Machine: {machine['cpu']} ({machine['cpus_usable']} usable CPUs), Python {machine['python']}; "
               + ", ".join(f"{k} {v}" for k, v in env["libraries"].items() if v) + ".", ""]
+    source = results.get("source") or {}
+    if source.get("commit"):
+        changed = source.get("changed") or []
+        lines += [f"Source: commit {source['commit'][:12]}" + (f", with {len(changed)} changed file(s) under "
+                  f"src/draftwise: {', '.join(c.split()[-1] for c in changed)}" if changed else "") + ".", ""]
     lines += [f"![{p.stem}]({p.name})" for p in plots]
     return "\n".join(lines) + "\n"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 from pathlib import Path
 from typing import Any, Callable
 
@@ -87,7 +88,7 @@ def _cell(spec: ServerSpec, load: Load, repeat: int, run: CellRun) -> dict[str, 
 
 def _open_results(out: Path, settings: ServeBenchSettings, resume: bool) -> dict[str, Any]:
     path = out / RESULTS
-    fresh: dict[str, Any] = {"settings": settings.as_json(), "cells": [],
+    fresh: dict[str, Any] = {"settings": settings.as_json(), "cells": [], "source": source_state(),
                              "environment": environment(settings.threads or default_threads(), {settings.target})}
     if not path.is_file():
         out.mkdir(parents=True, exist_ok=True)
@@ -102,6 +103,22 @@ def _open_results(out: Path, settings: ServeBenchSettings, resume: bool) -> dict
                          "use another --out")
     results["settings"] = fresh["settings"]  # the latest servers, loads and repeats
     return results
+
+
+def source_state() -> dict[str, Any]:
+    """The checkout the servers ran from (they run this draftwise): its commit and the package's
+    files changed since, so that a run on uncommitted server code says so.  None outside git."""
+    package = Path(__file__).resolve().parents[2]  # src/draftwise
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=package, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.rstrip() if done.returncode == 0 else None  # rstrip: status lines start with a space
+
+    changed = git("status", "--porcelain", "--", ".")
+    return {"commit": git("rev-parse", "HEAD"), "changed": None if changed is None else changed.splitlines()}
 
 
 def _check_same_server(cells: list[dict[str, Any]], spec: ServerSpec) -> None:
