@@ -23,6 +23,7 @@ from draftwise.proposers.registry import DRAFTERS
 from draftwise.sampling import SamplingPolicy
 from draftwise.text import check_utf8
 from draftwise.text_stream import TextStream
+from draftwise.timing import DEFAULT_REPEATS, Comparison, interleaved, noise_check
 from draftwise.workloads import read_prompt_file
 
 
@@ -41,13 +42,18 @@ def generate(
     seed: int = typer.Option(0),
     max_new_tokens: int = typer.Option(GenerationConfig().max_new_tokens),
     stop: list[str] = typer.Option([], help="Stop string (repeatable)."),
-    compare_ar: bool = typer.Option(False, "--compare-ar", help="Also run plain decoding and compare."),
+    compare_ar: bool = typer.Option(False, "--compare-ar", help="Also run plain decoding and compare: exactness, then "
+                                    "speed by warmed-up, interleaved repeats (--repeats) with a noise check."),
+    repeats: int = typer.Option(DEFAULT_REPEATS, "--repeats", help="With --compare-ar: timed speculative/plain pairs, "
+                                "alternating; the speedup is their median ratio, with its range."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text and stats."),
     *,
     options: DecoderOptions,  # --target, --proposer, ...: added by `decoder_command`
 ) -> None:
     """Generate text with speculative decoding and print the statistics."""
     try:
+        if compare_ar and repeats < 1:  # refused before a model is loaded
+            raise InputError(f"--repeats {repeats}: at least one timed pair")
         many = _requests(prompt, prompts_file, batch)
         if many is None:
             assert prompt is not None
@@ -76,11 +82,15 @@ def generate(
             stream.finish()
         plain = decoder.plain().generate(prompt_ids) if compare_ar else None
         exactness = _exactness(decoder.target, prompt_ids, result, plain, policy) if plain is not None else {}
+        # the runs above were cold (the first forward, the gate's first rounds): time warmed-up pairs
+        timing = _timed_pairs(decoder, prompt_ids, repeats, as_json) if compare_ar else None
     except DraftwiseError as exc:
         fail(str(exc))
         return
     report = _report(result, plain, policy, decoder.verifier)
     report.update(exactness)
+    if timing is not None:
+        report.update(_timing_report(timing))
     if decoder.choices:
         report["auto_choices"] = {c.what: c.chosen for c in decoder.choices}
     if as_json:
@@ -203,6 +213,27 @@ def _has_defaults(config: type) -> bool:
     return all(f.default is not dataclasses.MISSING for f in dataclasses.fields(config))
 
 
+def _timed_pairs(decoder: Decoder, prompt_ids: list[int], repeats: int, quiet: bool) -> Comparison:
+    """Speculative and plain decoding of the prompt, `repeats` pairs back to back (order rotated),
+    after a noise check: a short plain generation repeated (its spread is the machine's)."""
+    plain = decoder.plain()
+    if not quiet:
+        dim(f"timing {repeats} interleaved speculative/plain pairs")
+    return interleaved({"speculative": lambda: decoder.generate(prompt_ids).stats.tokens_per_s,
+                        "plain": lambda: plain.generate(prompt_ids).stats.tokens_per_s},
+                       repeats, noise=lambda: noise_check(lambda: plain.sized(8).generate(prompt_ids)))
+
+
+def _timing_report(timing: Comparison) -> dict:
+    """The timed pairs' figures (they replace the cold single runs' tokens_per_s and speedup)."""
+    speedup, spec, plain = timing.ratio("speculative", "plain"), timing.spread("speculative"), timing.spread("plain")
+    assert timing.noise is not None
+    return {"tokens_per_s": round(spec.median, 3), "ar_tokens_per_s": round(plain.median, 3),
+            "speedup": round(speedup.median, 3),
+            "speedup_range": [round(speedup.low, 3), round(speedup.high, 3)], "timed_pairs": len(speedup.samples),
+            "noise": timing.noise.describe(), "measurement_reliable": timing.noise.reliable}
+
+
 def _report(result: GenerationResult, plain: GenerationResult | None, policy: SamplingPolicy, verifier: str) -> dict:
     s = result.stats
     report = {
@@ -233,8 +264,8 @@ def _report(result: GenerationResult, plain: GenerationResult | None, policy: Sa
 def _print_stats(report: dict) -> None:
     table = Table(title="draftwise", show_header=False)
     for key in ("new_tokens", "rounds", "mean_accepted", "acceptance_by_depth", "fallbacks", "gated_rounds",
-                "tokens_per_s", "time_split_ms_per_token", "verifier", "stop_reason", "ar_tokens_per_s", "speedup", "identical_to_ar",
-                "exactness", "divergence", "warning"):
+                "tokens_per_s", "time_split_ms_per_token", "verifier", "stop_reason", "ar_tokens_per_s", "speedup",
+                "speedup_range", "timed_pairs", "noise", "identical_to_ar", "exactness", "divergence", "warning"):
         if key in report:
             table.add_row(key, str(report[key]))
     err.print(table)
