@@ -29,6 +29,7 @@ def vllm(
     dtype: str = typer.Option("bfloat16", help="the dtype vLLM runs (draftwise decodes and profiles in it too)"),
     max_k: int = typer.Option(8, help="largest num_speculative_tokens considered"),
     profile: Optional[Path] = typer.Option(None, help="a batch_verify_profile artifact (default: measured, as gate=auto batch=B does)"),
+    threads: Optional[int] = typer.Option(None, help="draftwise's threads (match vLLM's compute threads: 1 on a 2-core machine)"),
     verify: bool = typer.Option(False, "--verify", help="run vLLM (.venv-vllm) with it, with its default and without speculation"),
     eager: bool = typer.Option(False, "--eager", help="vLLM enforce_eager in --verify (skips minutes of torch.compile per engine)"),
 ) -> None:
@@ -41,7 +42,7 @@ def vllm(
     try:
         config = ExportConfig(target=target, workload=workload, batches=int_list(batches, "--batches"),
                               max_new_tokens=max_new_tokens, dtype=cast(TorchDtype, dtype),  # ExportConfig checks it
-                              max_k=max_k, profile=profile)
+                              max_k=max_k, profile=profile, threads=threads)
         written = export_vllm(config, out, verify=verify, eager=eager)
     except DraftwiseError as exc:
         fail(str(exc))

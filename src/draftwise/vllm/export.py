@@ -49,6 +49,9 @@ class ExportConfig:
     max_k: int = 8
     ngram_sizes: tuple[int, ...] = (1, 2, 3, 4)  # prompt_lookup_max candidates (one for every batch size)
     profile: Path | None = None  # a batch_verify_profile artifact; None: measured (gate=auto, batch=max)
+    # draftwise's torch threads for decoding and profiling: price rows on as many cores as vLLM
+    # computes on (its CPU build binds all cores but one: one thread on a 2-core machine)
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         check_dtype(self.dtype, CONCRETE_DTYPES)

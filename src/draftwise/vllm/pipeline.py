@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 def decode_workload(config: ExportConfig) -> tuple[Decoder, Workload]:
     """(decoder, Workload): draftwise's greedy plain outputs of the workload's first turns."""
-    spec = DecoderSpec(target=config.target, backend="transformers", dtype=config.dtype,
+    spec = DecoderSpec(target=config.target, backend="transformers", dtype=config.dtype, threads=config.threads,
                        generation=GenerationConfig(max_new_tokens=config.max_new_tokens))
     decoder = open_decoder(spec, proposer="none")
     prompts = first_turn_prompts(decoder.target.chat_prompt, config.workload)
