@@ -118,7 +118,8 @@ def test_resume_skips_done_cells_and_refusals_are_recorded_once(tmp_path):
     # repeat 0: B=1 q; B=2 p | repeat 1 (q first): B=1 q, p; B=2 p
     assert done == [("q", 1), ("p", 2), ("q", 1), ("p", 1), ("p", 2)]
     assert executors["p"].calls[0] == (2, 3)  # the warm-up: the largest B, warm-up tokens
-    assert (2, 0) not in executors["q"].calls[1:]  # its refusal at B=2 was on disk: never asked again
+    assert executors["q"].calls[:2] == [(2, 3), (1, 3)]  # refused at B=2, so warmed up at B=1
+    assert (2, 0) not in executors["q"].calls  # its refusal at B=2 was on disk: never measured again
     cells = store.load()
     assert len(cells) == 7 and pending_cells(plan, executors, store) == 0
     summary = concurrency_summary(cells, ["p", "q"], (1, 2), None, {"p": "p", "q": "p"})

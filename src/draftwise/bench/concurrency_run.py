@@ -5,7 +5,7 @@ answers for the exactness check), each (method, B, repeat) cell decodes the firs
 every question with B requests in flight (`Executor.run_batch`).  Repeats are interleaved: in
 repeat r, for each B in order, every method runs its cell, the method order rotated by r so
 that no method always runs first on a drifting machine.  Each method is warmed up once at the
-largest B (its batch backend's first allocations stay out of the cells).  A cell is appended
+largest B it accepts (its batch backend's first allocations stay out of the cells).  A cell is appended
 to concurrency.jsonl as soon as it is done; `--resume` skips the cells there.  A method that
 cannot batch at a B is recorded once as refused at that B, with the reason.
 """
@@ -54,6 +54,13 @@ def measure(executor: Executor, prompts: Prompts, batch: int, repeat: int, max_n
         return Cell(name, batch, repeat, error=f"{exc.__class__.__name__}: {exc}")
 
 
+def warm_up(executor: Executor, prompts: Prompts, levels: Sequence[int], tokens: int) -> None:
+    """A short cell at the largest B the method accepts (a refusal costs nothing: it comes before any work)."""
+    for batch in sorted(levels, reverse=True):
+        if measure(executor, prompts[:batch], batch, 0, tokens).refused is None:
+            return
+
+
 def run_concurrency(plan: BenchPlan, executors: dict[str, Executor], store: CellStore,
                     advance: Callable[[str, int], None]) -> None:
     """`advance(method, batch)` after every cell."""
@@ -71,8 +78,7 @@ def run_concurrency(plan: BenchPlan, executors: dict[str, Executor], store: Cell
                     continue
                 if name not in warmed:
                     warmed.add(name)
-                    top = max(settings.concurrency)
-                    measure(executors[name], prompts[name][:top], top, repeat, settings.warmup_tokens)
+                    warm_up(executors[name], prompts[name], settings.concurrency, settings.warmup_tokens)
                 cell = measure(executors[name], prompts[name], batch, repeat)
                 store.append(cell)
                 cells.append(cell)
