@@ -35,6 +35,12 @@ class Server:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def health(self) -> dict:
+        return httpx.get(f"{self.url}/health", timeout=10).json()
+
+    def metrics(self) -> str:
+        return httpx.get(f"{self.url}/metrics", timeout=10).text
+
     def terminate(self, timeout: float = 60) -> int:
         """SIGTERM, then the exit status (killed, and the test failed, if it does not end in `timeout`)."""
         if self.process.poll() is None:
@@ -67,6 +73,15 @@ def start(log: Path, *extra: str, proposer: str = "prompt-lookup") -> Server:
         time.sleep(0.5)
     server.process.kill()
     raise AssertionError(f"the server did not answer /health within {START_TIMEOUT_S} s:\n{server.output()[-3000:]}")
+
+
+def wait_for(condition, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"not within {seconds} s: {what}")
 
 
 def metric(text: str, name: str, **labels: str) -> float:

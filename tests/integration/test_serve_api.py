@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.serve_process import MODEL, MODEL_ARGS, metric, start
+from tests.integration.serve_process import MODEL, MODEL_ARGS, metric, start, wait_for
 
 pytestmark = pytest.mark.model
 
@@ -72,15 +72,11 @@ def async_client(server) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=300)
 
 
-def health(server) -> dict:
-    return httpx.get(f"{server.url}/health", timeout=10).json()
-
-
 def test_models_health_and_metrics(server):
     assert [m.id for m in client(server).models.list().data] == [MODEL]
-    body = health(server)
+    body = server.health()
     assert body["status"] == "ok" and body["max_batch"] == 8
-    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    text = server.metrics()
     assert "draftwise_active_requests" in text and "draftwise_requests_total" in text
 
 
@@ -249,22 +245,19 @@ def test_unknown_routes_and_methods_get_openai_errors(server):
     assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "method_not_allowed"
     with pytest.raises(openai.NotFoundError):
         client(server).completions.create(model="no-such-model", prompt="hi", max_tokens=1)
-    assert health(server)["in_flight"] == 0  # no refusal kept a slot
+    assert server.health()["in_flight"] == 0  # no refusal kept a slot
 
 
 def test_a_client_gone_mid_answer_frees_its_slot(server):
-    before = metric(httpx.get(f"{server.url}/metrics").text, "draftwise_requests_total", finish_reason="disconnected")
+    before = metric(server.metrics(), "draftwise_requests_total", finish_reason="disconnected")
     body = {"model": MODEL, "prompt": "Count: 1, 2, 3,", "max_tokens": 400, "temperature": 0, "stream": True}
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as response:
         lines = response.iter_lines()
         assert next(line for line in lines if line).startswith("data: ")
     with pytest.raises(httpx.ReadTimeout):  # a client that stops waiting for a whole (non-streamed) answer
         httpx.post(f"{server.url}/v1/completions", json={**body, "stream": False}, timeout=1.5)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and (health(server)["in_flight"] or health(server)["active"]):
-        time.sleep(0.2)
-    assert (health(server)["in_flight"], health(server)["active"]) == (0, 0)
-    after = metric(httpx.get(f"{server.url}/metrics").text, "draftwise_requests_total", finish_reason="disconnected")
+    wait_for(lambda: (server.health()["in_flight"], server.health()["active"]) == (0, 0), 60, "both slots freed")
+    after = metric(server.metrics(), "draftwise_requests_total", finish_reason="disconnected")
     assert after == before + 2
     assert httpx.post(f"{server.url}/v1/completions", json=GOOD, timeout=60).status_code == 200
 
@@ -277,7 +270,7 @@ LOAD_LIMIT_S = 300
 def test_load_every_answer_complete_and_identical_to_its_own_decode(server, reference):
     """100 requests (completions and chat, streamed and not, 3..10 tokens), 24 at once: each answer
     is its prompt's answer alone; /metrics counted every one."""
-    scrape = httpx.get(f"{server.url}/metrics").text
+    scrape = server.metrics()
     before = {name: metric(scrape, name) for name in ("draftwise_requests_total", "draftwise_completion_tokens_total",
                                                       "draftwise_prompt_tokens_total")}
     gate = asyncio.Semaphore(LOAD_CONCURRENCY)
@@ -320,13 +313,13 @@ def test_load_every_answer_complete_and_identical_to_its_own_decode(server, refe
     wrong = [(prompt, chat, n, text, finish) for prompt, chat, n, text, finish, _ in answers
              if (text, finish) != expected(reference, prompt, chat, n)]
     assert wrong == [], f"{len(wrong)} of {LOAD_REQUESTS} answers differ from their decode alone: {wrong[:3]}"
-    scrape = httpx.get(f"{server.url}/metrics").text
+    scrape = server.metrics()
     assert metric(scrape, "draftwise_requests_total") - before["draftwise_requests_total"] == LOAD_REQUESTS
     assert metric(scrape, "draftwise_completion_tokens_total") - before["draftwise_completion_tokens_total"] == \
         sum(u.completion_tokens for *_, u in answers)
     assert metric(scrape, "draftwise_prompt_tokens_total") - before["draftwise_prompt_tokens_total"] == \
         sum(u.prompt_tokens for *_, u in answers)
-    assert metric(scrape, "draftwise_batch_size_count") > 0 and health(server)["in_flight"] == 0
+    assert metric(scrape, "draftwise_batch_size_count") > 0 and server.health()["in_flight"] == 0
     print(f"load: {LOAD_REQUESTS} requests in {wall:.1f} s")
 
 
