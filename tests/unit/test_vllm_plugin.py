@@ -4,6 +4,7 @@ proposer's logic on hand-made inputs (the arrays vLLM passes)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -111,3 +112,26 @@ def test_proposer_reads_its_config_from_the_environment(monkeypatch):
     proposer.load_model(object())
     ids, lengths = _batch([[5, 6, 7, 8, 9, 5, 6]])
     assert proposer.propose([[6]], lengths, ids, slot_mappings=None) == [[7]]
+
+
+def test_profiling_drafter_verifies_every_row_it_is_given():
+    ids, lengths = _batch([[1, 2, 3], [4, 5, 6, 7]])
+    config = CustomDrafterConfig(drafter="fixed", k=3)
+    assert propose_batch(config, [[3], [7]], lengths, ids, max_k=3, max_model_len=32) == [[0, 0, 0], [0, 0, 0]]
+    assert propose_batch(config, [[3], [7]], lengths, ids, max_k=3, max_model_len=6) == [[0, 0], [0]]
+
+
+def test_profiling_methods_and_requests():
+    from draftwise.vllm.methods import profiling_method
+    from draftwise.vllm.protocol import ProfileRequest
+    from draftwise.vllm.runner import VllmEnvironment
+
+    assert profiling_method(1).speculative_config is None
+    method = profiling_method(5)
+    assert method.speculative_config["num_speculative_tokens"] == 4
+    assert CustomDrafterConfig.from_json(method.env[PROPOSER_ENV]) == CustomDrafterConfig(drafter="fixed", k=4)
+    request = ProfileRequest(model="m", dtype="bfloat16", batch_sizes=(1, 8), rows=(1, 3))
+    assert ProfileRequest.from_json(json.loads(json.dumps(request.to_json()))) == request
+    assert VllmEnvironment(threads_bind="0-3,6").compute_threads == 5
+    missing = VllmEnvironment(venv=Path("/nonexistent/.venv-vllm")).missing()
+    assert missing is not None and "setup_vllm.sh" in missing

@@ -29,9 +29,10 @@ def vllm(
     dtype: str = typer.Option("bfloat16", help="the dtype vLLM runs (draftwise decodes and profiles in it too)"),
     max_k: int = typer.Option(8, help="largest num_speculative_tokens considered"),
     profile: Optional[Path] = typer.Option(None, help="a batch_verify_profile artifact (default: measured, as gate=auto batch=B does)"),
+    profile_engine: str = typer.Option("vllm", help="where t_B(n) is measured: vllm (its kernels, .venv-vllm) or draftwise (gate=auto's batch profile)"),
     threads: Optional[int] = typer.Option(None, help="draftwise's threads (match vLLM's compute threads: 1 on a 2-core machine)"),
     verify: bool = typer.Option(False, "--verify", help="run vLLM (.venv-vllm) with it, with its default and without speculation"),
-    eager: bool = typer.Option(False, "--eager", help="vLLM enforce_eager in --verify (skips minutes of torch.compile per engine)"),
+    eager: bool = typer.Option(False, "--eager", help="vLLM enforce_eager (profile and --verify; skips minutes of torch.compile per engine)"),
 ) -> None:
     """Write the vLLM speculative_config that draftwise's measurements predict fastest per batch size."""
     from draftwise.vllm.export import PREDICTION_FILE, VERIFY_REPORT, ExportConfig
@@ -42,7 +43,8 @@ def vllm(
     try:
         config = ExportConfig(target=target, workload=workload, batches=int_list(batches, "--batches"),
                               max_new_tokens=max_new_tokens, dtype=cast(TorchDtype, dtype),  # ExportConfig checks it
-                              max_k=max_k, profile=profile, threads=threads)
+                              max_k=max_k, profile=profile, threads=threads,
+                              profile_engine=profile_engine)
         written = export_vllm(config, out, verify=verify, eager=eager)
     except DraftwiseError as exc:
         fail(str(exc))

@@ -36,6 +36,7 @@ CONFIG_FILE = "speculative_config.json"
 PREDICTION_FILE = "prediction.json"
 VERIFY_FILE = "verification.json"
 VERIFY_REPORT = "verification.md"
+PROFILE_ENGINES = ("vllm", "draftwise")
 DEFAULT_METHOD = "vllm-ngram"  # vLLM's documented n-gram example (methods.DEFAULT_K, DEFAULT_NGRAM_MAX)
 
 
@@ -49,12 +50,18 @@ class ExportConfig:
     max_k: int = 8
     ngram_sizes: tuple[int, ...] = (1, 2, 3, 4)  # prompt_lookup_max candidates (one for every batch size)
     profile: Path | None = None  # a batch_verify_profile artifact; None: measured (gate=auto, batch=max)
+    # where t_B(n) is measured: "vllm" (in vLLM's own kernels and scheduler, .venv-vllm) or
+    # "draftwise" (gate=auto's batch profile on draftwise's transformers backend)
+    profile_engine: str = "vllm"
+    vllm_profile_rows: tuple[int, ...] = (1, 2, 3, 5, 9)  # one vLLM engine each; between them interpolated
     # draftwise's torch threads for decoding and profiling: price rows on as many cores as vLLM
     # computes on (its CPU build binds all cores but one: one thread on a 2-core machine)
     threads: int | None = None
 
     def __post_init__(self) -> None:
         check_dtype(self.dtype, CONCRETE_DTYPES)
+        if self.profile_engine not in PROFILE_ENGINES:
+            raise InputError(f"profile engine {self.profile_engine!r}: choose one of {', '.join(PROFILE_ENGINES)}")
         if not self.batches or min(self.batches) < 1 or self.max_k < 1 or min(self.ngram_sizes) < 1:
             raise InputError(f"batches, max_k and n-gram sizes must be >= 1, got {self}")
 

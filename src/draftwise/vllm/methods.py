@@ -34,7 +34,7 @@ class CustomDrafterConfig:
     batch size (`schedule`: (first B, last B, K) ranges, as vLLM's own schedule; K 0 = no draft;
     batch sizes outside every range take `k`)."""
 
-    drafter: str = "prompt-lookup"
+    drafter: str = "prompt-lookup"  # or "fixed": K copies of token 0 every step (profiling: every row verified, none accepted)
     k: int = DEFAULT_K
     max_ngram: int = 2  # draftwise's prompt-lookup default (PromptLookupConfig.max_ngram)
     schedule: tuple[tuple[int, int, int], ...] = ()
@@ -124,3 +124,12 @@ def parse_method(text: str) -> VllmMethod:
     max_k = max([k, *(s[2] for s in config.schedule)])
     return VllmMethod(text, {"method": "custom_class", "model": CUSTOM_CLASS, "num_speculative_tokens": max_k},
                       env={PROPOSER_ENV: config.to_json()})
+
+
+def profiling_method(rows: int) -> VllmMethod:
+    """The engine that verifies `rows` rows a request every step (1: plain decoding)."""
+    if rows == 1:
+        return VllmMethod("vllm-profile:n=1", None)
+    config = CustomDrafterConfig(drafter="fixed", k=rows - 1)
+    return VllmMethod(f"vllm-profile:n={rows}", {"method": "custom_class", "model": CUSTOM_CLASS,
+                                                 "num_speculative_tokens": rows - 1}, env={PROPOSER_ENV: config.to_json()})

@@ -6,17 +6,18 @@ import logging
 from pathlib import Path
 
 from draftwise.api import Decoder, open_decoder
-from draftwise.artifacts import read_manifest
+from draftwise.artifacts import read_manifest, stable_hash
 from draftwise.cost_profile import BATCH_ARTIFACT_KIND, BatchCostProfile
 from draftwise.engine import GenerationConfig
-from draftwise.optimize.auto import auto_batch_gate_profile
+from draftwise.optimize.auto import artifact_matches, auto_batch_gate_profile
 from draftwise.optimize.calibrate import calibration_hash
 from draftwise.plan import auto_cache_root
 from draftwise.spec import DecoderSpec
 from draftwise.vllm.checkpoint import vllm_checkpoint
 from draftwise.vllm.export import (DEFAULT_METHOD, ExportConfig, Workload, plan_export, speculative_config,
                                    verification_request, verify_methods, verify_rows, write_export)
-from draftwise.vllm.runner import VllmEnvironment, has_batch_schedule, installed_version, run_worker
+from draftwise.vllm.protocol import ProfileRequest
+from draftwise.vllm.runner import VllmEnvironment, has_batch_schedule, installed_version, run_profile, run_worker
 from draftwise.workloads import first_turn_prompts
 
 log = logging.getLogger(__name__)
@@ -37,9 +38,29 @@ def decode_workload(config: ExportConfig) -> tuple[Decoder, Workload]:
     return decoder, Workload(tuple(tuple(p) for p in prompts), outputs)
 
 
-def batch_profile(decoder: Decoder, config: ExportConfig) -> Path:
+def vllm_profile(config: ExportConfig, eager: bool, environment: VllmEnvironment) -> Path:
+    """t_B(n) measured in vLLM (one engine per row count), cached per model, dtype, batches, rows,
+    compilation and thread binding."""
+    rows = tuple(n for n in config.vllm_profile_rows if n <= config.max_k + 1)
+    request = ProfileRequest(model=str(vllm_checkpoint(config.target)), dtype=config.dtype,
+                             batch_sizes=tuple(sorted(config.batches)), rows=rows, enforce_eager=eager)
+    key = {**request.to_json(), "threads_bind": environment.threads_bind, "iomp": environment.iomp}
+    directory = auto_cache_root() / "vllm_profile" / stable_hash(key)[:20]
+    if artifact_matches(directory, BATCH_ARTIFACT_KIND, lambda p: p.get("engine") == "vllm"):
+        return directory
+    log.info("measuring t_B(n) in vLLM: %d engines (n = %s), B = %s", len(rows), rows, request.batch_sizes)
+    profile = run_profile(request, environment, log_path=directory.with_name(directory.name + ".log"))
+    for batch, by_rows in sorted(profile.by_batch.items()):
+        log.info("vLLM B=%d: %s", batch, ", ".join(f"t({n})={t:.2f}" for n, t in zip(by_rows.rows, by_rows.relative)))
+    profile.save(directory)
+    return directory
+
+
+def batch_profile(decoder: Decoder, config: ExportConfig, eager: bool, environment: VllmEnvironment) -> Path:
     if config.profile is not None:
         return config.profile
+    if config.profile_engine == "vllm":
+        return vllm_profile(config, eager, environment)
     log.info("measuring t_B(n) for B up to %d, rows up to %d (gate=auto's batch profile; cached)",
              max(config.batches), config.max_k + 1)
     return auto_batch_gate_profile(decoder.target, max(config.batches), config.max_k + 1, auto_cache_root())
@@ -48,7 +69,7 @@ def batch_profile(decoder: Decoder, config: ExportConfig) -> Path:
 def export_vllm(config: ExportConfig, out: Path, verify: bool = False, eager: bool = False,
                 environment: VllmEnvironment = VllmEnvironment()) -> Path:
     decoder, workload = decode_workload(config)
-    profile_dir = batch_profile(decoder, config)
+    profile_dir = batch_profile(decoder, config, eager, environment)
     profiles = BatchCostProfile.load(profile_dir)
     ngram, choices = plan_export(workload, profiles, config)
     version = installed_version(environment)

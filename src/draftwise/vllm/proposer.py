@@ -24,6 +24,8 @@ import numpy as np
 from draftwise.proposers.prompt_lookup import PromptLookupConfig, find_continuations
 from draftwise.vllm.methods import PROPOSER_ENV, CustomDrafterConfig
 
+FIXED_TOKEN = 0  # the profiling drafter's token: a special token greedy text decoding does not emit
+
 
 def propose_batch(config: CustomDrafterConfig, sampled_token_ids: Sequence[Sequence[int]],
                   num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray, max_k: int,
@@ -41,6 +43,9 @@ def propose_batch(config: CustomDrafterConfig, sampled_token_ids: Sequence[Seque
         length = int(num_tokens_no_spec[i])  # [context tokens of request i, sampled ones included]
         room = min(k, max_model_len - length - 1)
         if room <= 0:
+            continue
+        if config.drafter == "fixed":  # profiling: `room` rows verified, (almost) never accepted
+            drafts[i] = [FIXED_TOKEN] * room
             continue
         lookup = PromptLookupConfig(num_tokens=room, max_ngram=config.max_ngram)
         found = find_continuations(np.asarray(token_ids_cpu[i, :length], dtype=np.int64), lookup)

@@ -72,3 +72,30 @@ class BatchResult:
                    tokens=tuple(tuple(int(t) for t in p) for p in body["tokens"]), wall_s=float(body["wall_s"]),
                    new_tokens=int(body["new_tokens"]), spec_counters=dict(body.get("spec_counters") or {}),
                    load_s=float(body.get("load_s", 0.0)))
+
+
+@dataclass(frozen=True)
+class ProfileRequest:
+    """t_B(n) measured in vLLM itself: for each n, an engine whose custom proposer drafts n - 1
+    tokens every step (a fixed, never-accepted draft: every step verifies n rows a request and
+    commits one token); per B, B requests of `prefix_len` distinct tokens decode `long` and
+    `short` tokens, and (wall(long) - wall(short)) / (long - short) is one step, prefill excluded."""
+
+    model: str
+    dtype: str
+    batch_sizes: tuple[int, ...]
+    rows: tuple[int, ...]  # n: verified rows per request (1 = plain decoding)
+    prefix_len: int = 256
+    short: int = 8
+    long: int = 32
+    repeats: int = 3
+    max_model_len: int = 2048
+    enforce_eager: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "profile", **asdict(self)}
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> "ProfileRequest":
+        fields = {k: v for k, v in body.items() if k != "kind"}
+        return cls(**{**fields, "batch_sizes": tuple(fields["batch_sizes"]), "rows": tuple(fields["rows"])})

@@ -13,10 +13,11 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
+from draftwise.cost_profile import BatchCostProfile, VerifyCostProfile
 from draftwise.errors import BackendError
-from draftwise.vllm.protocol import BatchResult, WorkerRequest
+from draftwise.vllm.protocol import BatchResult, ProfileRequest, WorkerRequest
 
 REPO = Path(__file__).resolve().parents[3]  # src/draftwise/vllm -> the checkout (an editable install)
 DEFAULT_VENV = REPO / ".venv-vllm"
@@ -40,6 +41,17 @@ class VllmEnvironment:
     def python(self) -> Path:
         return self.venv / "bin" / "python"
 
+    @property
+    def compute_threads(self) -> int:
+        """Cores vLLM computes on: `auto` binds all but one; else the cores the binding lists."""
+        if self.threads_bind == "auto":
+            return max(1, (os.cpu_count() or 2) - 1)
+        cores = 0
+        for span in self.threads_bind.split(","):
+            first, _, last = span.partition("-")
+            cores += int(last or first) - int(first) + 1
+        return cores
+
     def missing(self) -> str | None:
         """Why vLLM cannot run here (None: it can)."""
         if not self.python.is_file():
@@ -59,25 +71,45 @@ class VllmEnvironment:
         return env
 
 
-def run_worker(request: WorkerRequest, environment: VllmEnvironment = VllmEnvironment(),
-               log_path: Path | None = None) -> list[BatchResult]:
-    """Every method of `request` at every batch size, in one worker process (vLLM's log goes to
-    `log_path`, or is dropped)."""
+def _run(body: dict[str, Any], environment: VllmEnvironment, log_path: Path | None) -> Any:
+    """The worker on one request body; its JSON result (None when it wrote none)."""
     reason = environment.missing()
     if reason:
         raise BackendError(reason)
     with tempfile.TemporaryDirectory(prefix="draftwise-vllm-") as tmp:
         request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        request_path.write_text(json.dumps(request.to_json()))
+        request_path.write_text(json.dumps(body))
         command = [str(environment.python), "-m", "draftwise.vllm.worker", str(request_path), str(result_path)]
         with open(log_path or os.devnull, "w") as log:
             done = subprocess.run(command, env=environment.variables(), stdout=log, stderr=subprocess.STDOUT,
                                   timeout=environment.timeout_s, check=False)
-        results = [BatchResult.from_json(r) for r in json.loads(result_path.read_text())] if result_path.is_file() else []
+        result = json.loads(result_path.read_text()) if result_path.is_file() else None
     if done.returncode != 0:
         where = f"; its log: {log_path}" if log_path else ""
-        raise BackendError(f"the vLLM worker exited with status {done.returncode} after {len(results)} results{where}")
-    return results
+        raise BackendError(f"the vLLM worker exited with status {done.returncode}{where}")
+    return result
+
+
+def run_worker(request: WorkerRequest, environment: VllmEnvironment = VllmEnvironment(),
+               log_path: Path | None = None) -> list[BatchResult]:
+    """Every method of `request` at every batch size, in one worker process (vLLM's log goes to
+    `log_path`, or is dropped)."""
+    return [BatchResult.from_json(r) for r in _run(request.to_json(), environment, log_path) or []]
+
+
+def run_profile(request: ProfileRequest, environment: VllmEnvironment = VllmEnvironment(),
+                log_path: Path | None = None) -> BatchCostProfile:
+    """t_B(n) measured in vLLM's own kernels and scheduler (see ProfileRequest)."""
+    from draftwise.backends.profile import machine_description
+
+    body = _run(request.to_json(), environment, log_path)
+    threads = environment.compute_threads
+    provenance = {"engine": "vllm", "prefix_len": request.prefix_len, "short": request.short, "long": request.long,
+                  "repeats": request.repeats, "dtype": request.dtype, "enforce_eager": request.enforce_eager,
+                  "shape": "a fixed never-accepted chain of n - 1 rows per request (custom_class)"}
+    return BatchCostProfile({int(b): VerifyCostProfile.from_absolute(
+        body["rows"], seconds, model=request.model, backend="vllm", threads=threads,
+        machine=machine_description(), provenance=provenance) for b, seconds in body["seconds"].items()})
 
 
 def by_method(results: Sequence[BatchResult]) -> dict[tuple[str, int], BatchResult]:

@@ -17,7 +17,8 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from draftwise.vllm.protocol import BatchResult, VllmMethod, WorkerRequest
+from draftwise.vllm.methods import profiling_method
+from draftwise.vllm.protocol import BatchResult, ProfileRequest, VllmMethod, WorkerRequest
 
 SPEC_COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
                  "vllm:spec_decode_num_accepted_tokens": "accepted"}
@@ -28,17 +29,23 @@ def spec_counters(llm: Any) -> dict[str, float]:
             if (short := SPEC_COUNTERS.get(m.name)) is not None and hasattr(m, "value")}
 
 
-def run_method(request: WorkerRequest, method: VllmMethod) -> list[BatchResult]:
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+def engine(request: WorkerRequest | ProfileRequest, method: VllmMethod) -> Any:
+    from vllm import LLM
 
     os.environ.update(method.env)  # this worker process's own environment, read by a custom proposer
+    return LLM(model=request.model, dtype=request.dtype, max_model_len=request.max_model_len,
+               max_num_seqs=max(request.batch_sizes), speculative_config=dict(method.speculative_config or {}) or None,
+               enforce_eager=request.enforce_eager, disable_log_stats=False, seed=0,
+               # each batch size re-runs the same prompts: a cached prefix would make later sizes cheaper
+               enable_prefix_caching=False)
+
+
+def run_method(request: WorkerRequest, method: VllmMethod) -> list[BatchResult]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
     start = time.perf_counter()
-    llm = LLM(model=request.model, dtype=request.dtype, max_model_len=request.max_model_len,
-              max_num_seqs=max(request.batch_sizes), speculative_config=dict(method.speculative_config or {}) or None,
-              enforce_eager=request.enforce_eager, disable_log_stats=False, seed=0,
-              # each batch size re-runs the same prompts: a cached prefix would make later sizes cheaper
-              enable_prefix_caching=False)
+    llm = engine(request, method)
     load_s = time.perf_counter() - start
     params = SamplingParams(temperature=0.0, max_tokens=request.max_tokens, ignore_eos=request.ignore_eos)
     prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in request.prompts]
@@ -62,8 +69,48 @@ def run_method(request: WorkerRequest, method: VllmMethod) -> list[BatchResult]:
     return results
 
 
+def profile_step_seconds(llm: Any, request: ProfileRequest, batch: int) -> float:
+    """Median seconds of one decoding step of `batch` requests (prefill subtracted out)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    vocab = 1000  # ordinary token ids, distinct per slot so that no two requests share a prefix
+    prompts = [TokensPrompt(prompt_token_ids=[100 + (7 * b + 13 * i) % vocab for i in range(request.prefix_len)])
+               for b in range(batch)]
+
+    def wall(tokens: int) -> float:
+        params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+        start = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        return time.perf_counter() - start
+
+    wall(request.short)  # warm-up
+    samples = sorted((wall(request.long) - wall(request.short)) / (request.long - request.short)
+                     for _ in range(request.repeats))
+    return samples[len(samples) // 2]
+
+
+def run_profile(request: ProfileRequest) -> dict[str, Any]:
+    """{"rows": [...], "seconds": {B: [median step seconds per n]}}."""
+    seconds: dict[int, list[float]] = {b: [] for b in request.batch_sizes}
+    for rows in request.rows:
+        llm = engine(request, profiling_method(rows))
+        for batch in request.batch_sizes:
+            seconds[batch].append(profile_step_seconds(llm, request, batch))
+            print(f"[vllm worker] profile n={rows} B={batch}: {seconds[batch][-1] * 1e3:.1f} ms", file=sys.stderr,
+                  flush=True)
+        del llm
+        gc.collect()
+    return {"rows": list(request.rows), "seconds": {str(b): s for b, s in seconds.items()}}
+
+
 def main(argv: list[str]) -> int:
-    request = WorkerRequest.from_json(json.loads(open(argv[0]).read()))
+    body = json.loads(open(argv[0]).read())
+    if body.get("kind") == "profile":
+        with open(argv[1], "w") as handle:
+            json.dump(run_profile(ProfileRequest.from_json(body)), handle)
+        return 0
+    request = WorkerRequest.from_json(body)
     out: list[dict[str, Any]] = []
     for method in request.methods:
         out.extend(asdict(r) for r in run_method(request, method))
