@@ -37,7 +37,7 @@ from typing import Callable, Generator, Iterator, Sequence
 import numpy as np
 
 from draftwise.backends.base import Backend
-from draftwise.backends.batch import BatchBackend, SlotView, VerifyCall
+from draftwise.backends.batch import BatchBackend, SlotView, VerifyCall, slot_view
 from draftwise.batch_control import Arm, DoNoHarm
 from draftwise.cost_profile import BatchCostProfile
 from draftwise.engine import GenerationConfig, GenerationResult, SpeculativeDecoder, Verified, VerifyRequest
@@ -199,7 +199,7 @@ class BatchDecoder:
         while self._queue and len(self._active) < self.target.max_slots:
             request = self._queue.popleft()
             try:
-                request.view = SlotView(self.target, self.target.open())
+                request.view = slot_view(self.target, self.target.open())
                 request.run = self.decoder_for(request.view, request.config).coroutine(request.prompt, self._batch_size)
             except Exception as exc:  # a refused configuration or prompt ends this request only
                 self._release(request)

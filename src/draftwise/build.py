@@ -168,12 +168,17 @@ def batch_decoder(spec: DecoderSpec, target: BatchBackend, draft: Backend | None
     bound for its policy, gate state) on its own slot of `target`."""
     from draftwise.backends.load import draft_per_request
 
+    from draftwise.backends.batch import keeps_hidden
+
     drafter = concrete_drafter(spec)
     own_draft = drafter is not None and drafter.family.needs_draft_model
-    if drafter is not None and not drafter.family.batched and not own_draft:
+    heads_here = drafter is not None and drafter.family.reads_hidden and keeps_hidden(target)
+    if drafter is not None and not (drafter.family.batched or own_draft or heads_here):
         families = ", ".join(f.name for f in _batched_families())
-        raise InputError(f"proposer {drafter.name} reads the target's hidden states, which a batch slot does not "
-                         f"keep; batched decoding runs {families}, draft-model or none")
+        why = ("reads the target's hidden states, which this backend's batch slots do not keep"
+               if drafter.family.reads_hidden else "runs the target's own layers as its draft")
+        raise InputError(f"proposer {drafter.name} {why}; batched decoding on {target.info.name} runs {families}, "
+                         f"draft-model{', the head families' if keeps_hidden(target) else ''} or none")
     if own_draft:  # refused before any work where a request cannot have a draft model of its own
         if draft is None:
             raise InputError("proposer draft-model needs a draft model (--draft MODEL)")

@@ -180,9 +180,41 @@ def test_sampling_inside_a_batch_emits_the_targets_law(tiny):
     assert chi_square_p(counts, exact_joint(tiny, policy, prompt)) > 1e-3
 
 
-def test_a_drafter_that_reads_hidden_states_is_refused_for_batches_before_any_work(tiny):
-    with pytest.raises(InputError, match="batched decoding runs prompt-lookup"):
-        batch_decoder(make_spec(GREEDY, proposer="medusa", heads="x"), TransformersBatch.from_backend(tiny, 2))
+def test_a_self_drafter_is_refused_for_batches_before_any_work(tiny):
+    with pytest.raises(InputError, match="runs the target's own layers.*batched decoding on transformers runs "
+                                         "prompt-lookup, draft-model, the head families or none"):
+        batch_decoder(make_spec(GREEDY, proposer="layer-skip", skip="0"), TransformersBatch.from_backend(tiny, 2))
+
+
+@pytest.mark.parametrize("family", ["medusa", "hydra", "clover"])
+def test_draft_heads_read_each_slots_own_hidden_state(tiny, family, tmp_path):
+    """Heads in a batch read the frontier state of their own slot: each request's greedy output
+    and its drafts round by round are the ones it has decoded alone (6 requests through 3 slots)."""
+    from tests.integration.tiny_heads import random_headset, save_headset
+
+    directory = save_headset(tmp_path / "heads", random_headset(family, tiny, seed=5, num_heads=3, draft_vocab=6))
+    spec = make_spec(GREEDY, proposer=family, heads=directory, verifier="greedy", tree="cartesian:2,2", guard="false")
+    alone = [build_decoder(spec, tiny).generate(p) for p in PROMPTS[:6]]
+    batch = batch_decoder(spec, TransformersBatch.from_backend(tiny, 3))
+    results = batch.generate_many(PROMPTS[:6])
+    assert [r.tokens for r in results] == [a.tokens for a in alone]
+    assert [accepted_per_round(r) for r in results] == [accepted_per_round(a) for a in alone]
+    assert sum(sum(r.from_draft) for r in results) > 0  # the heads' drafts were accepted somewhere
+
+
+def test_a_batch_that_gave_heads_another_slots_state_would_be_caught(tiny, tmp_path):
+    """Planted fault: every slot's frontier read from slot 0 must change the drafts compared above."""
+    from tests.integration.tiny_heads import random_headset, save_headset
+
+    class CrossedFrontier(TransformersBatch):
+        def frontier_hidden(self, slot):
+            return super().frontier_hidden(min(self.open_slots()))
+
+    directory = save_headset(tmp_path / "heads", random_headset("medusa", tiny, seed=5, num_heads=3, draft_vocab=6))
+    spec = make_spec(GREEDY, proposer="medusa", heads=directory, verifier="greedy", tree="cartesian:2,2", guard="false")
+    alone = [accepted_per_round(build_decoder(spec, tiny).generate(p)) for p in PROMPTS[:4]]
+    crossed = batch_decoder(spec, CrossedFrontier(tiny, 4)).generate_many(PROMPTS[:4])
+    assert [accepted_per_round(r) for r in crossed] != alone
 
 
 @pytest.mark.parametrize("options", [dict(k=3), dict(tree="wbd:2,1")], ids=["chain", "tree"])

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 
-from draftwise.backends.base import BackendInfo
+import numpy as np
+
+from draftwise.backends.base import BackendInfo, TokenWeights
 from draftwise.errors import BackendError
 from draftwise.logits import TargetLogits
 from draftwise.topology.compile import CompiledRound
@@ -159,3 +161,27 @@ class SlotView:
 
     def close(self) -> None:
         self.batch.close(self.slot)
+
+
+class HiddenSlotView(SlotView):
+    """A slot of a batch backend that keeps hidden states per slot (transformers): what a draft
+    head reads (`backends.base.supports_hidden`), the frontier row's state of this slot alone."""
+
+    def track_hidden(self, on: bool = True) -> None:
+        self.batch.track_hidden(self.slot, on)  # type: ignore[attr-defined]
+
+    def frontier_hidden(self) -> np.ndarray | None:
+        return self.batch.frontier_hidden(self.slot)  # type: ignore[attr-defined, no-any-return]
+
+    def token_weights(self) -> TokenWeights:
+        return self.batch.token_weights()  # type: ignore[attr-defined, no-any-return]
+
+
+def keeps_hidden(batch: BatchBackend) -> bool:
+    """Whether the batch backend keeps hidden states per slot (draft heads can run on its slots)."""
+    return all(callable(getattr(batch, name, None)) for name in ("track_hidden", "frontier_hidden", "token_weights"))
+
+
+def slot_view(batch: BatchBackend, slot: int) -> SlotView:
+    """The slot as a `Backend`: with the hidden-state methods where the batch keeps them."""
+    return HiddenSlotView(batch, slot) if keeps_hidden(batch) else SlotView(batch, slot)

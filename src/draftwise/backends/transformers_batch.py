@@ -49,7 +49,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from draftwise.backends.base import BackendInfo, ContextOverflow, check_path
+from draftwise.backends.base import BackendInfo, ContextOverflow, TokenWeights, check_path
 from draftwise.backends.batch import VerifyCall, check_calls
 from draftwise.backends.transformers import (TorchLogits, TransformersBackend, _cache_kwarg, _is_chain, additive_mask,
                                              kv_row_bytes)
@@ -69,6 +69,9 @@ class _Slot:
     start: int = -1  # p_i: column of the provisional pending row (-1: nothing provisional)
     rows: int = 0  # k_i: provisional rows (pending + candidates)
     round_: CompiledRound | None = None
+    track: bool = False  # keep hidden states (draft heads read the frontier's)
+    rows_hidden: torch.Tensor | None = None  # [k_i, d] of the provisional rows (pending first)
+    frontier: torch.Tensor | None = None  # [d] of committed column c_i - 1: it predicted the pending token
 
     @property
     def end(self) -> int:
@@ -181,6 +184,7 @@ class TransformersBatch:
     def reset(self, slot: int) -> None:
         state = self._slot(slot)
         state.committed, state.start, state.rows, state.round_ = 0, -1, 0, None
+        state.rows_hidden = state.frontier = None
         self._settle()
 
     def _slot(self, slot: int) -> _Slot:
@@ -252,10 +256,11 @@ class TransformersBatch:
         mask = None if plain else self._additive(visible_rows(entries, past, width))
         first = min(len(call.unread) for call in calls)  # logits of rows [first, R) are kept
         cache = _wrap(keys, values)
+        hidden = any(state.track for state in states)
         with torch.inference_mode():
             out = self.model(input_ids=ids.to(self.device), position_ids=positions.to(self.device),
                              attention_mask=mask, use_cache=True, **{self._cache_kwarg: cache},
-                             logits_to_keep=width - first)
+                             logits_to_keep=width - first, output_hidden_states=hidden)
             new_keys, new_values = _unwrap(cache)
             if any(k.shape[2] != past + width for k in new_keys):
                 raise BackendError("the model did not append one KV column per row to every layer")
@@ -269,6 +274,7 @@ class TransformersBatch:
             state.committed += u  # the unread rows are context: committed, whatever the round's outcome
             state.start, state.rows, state.round_ = past + u, n, call.round_
             j = batch_row[call.slot]
+            state.rows_hidden = out.hidden_states[-1][j, u : u + n] if state.track else None  # [n, d]
             logits.append(TorchLogits(out.logits[j, u - first : u - first + n]))
         return logits
 
@@ -305,18 +311,34 @@ class TransformersBatch:
                     row = tensor[state.row]  # [H, L, D]
                     row[:, c : c + len(src)] = row.index_select(1, index)
         state.committed, state.start, state.rows, state.round_ = c + len(src), -1, 0, None
+        if state.rows_hidden is not None:  # the last kept row predicted the new pending token
+            state.frontier = state.rows_hidden[int(accepted_rows[-1]) + 1 if accepted_rows else 0]
+            state.rows_hidden = None
         self._settle()
 
     def rollback(self, slot: int) -> None:
         state = self._slot(slot)
-        state.start, state.rows, state.round_ = -1, 0, None
+        state.start, state.rows, state.round_, state.rows_hidden = -1, 0, None, None
         self._settle()
 
     def truncate(self, slot: int, length: int) -> None:
         state = self._slot(slot)
-        state.start, state.rows, state.round_ = -1, 0, None
+        state.start, state.rows, state.round_, state.rows_hidden = -1, 0, None, None
+        if length < state.committed:
+            state.frontier = None  # the row that predicted the new pending token is no longer known
         state.committed = min(state.committed, max(0, int(length)))
         self._settle()
+
+    # ---- hidden states (draft heads, per slot) -------------------------------------------
+    def track_hidden(self, slot: int, on: bool = True) -> None:
+        self._slot(slot).track = on
+
+    def frontier_hidden(self, slot: int) -> np.ndarray | None:
+        frontier = self._slot(slot).frontier
+        return None if frontier is None else frontier.float().cpu().numpy()
+
+    def token_weights(self) -> TokenWeights:
+        return self._backend.token_weights()
 
     def kv_bytes(self, slot: int | None = None) -> int:
         if slot is not None:

@@ -52,6 +52,9 @@ class DrafterFamily(Generic[C]):
     # each request of a batch may run its own proposer: it holds no model state (no draft KV,
     # no target hidden states) that requests sharing one loaded model would share
     batched: bool = False
+    # it reads the target's hidden states (`backends.base.supports_hidden`): a batch runs it where
+    # the batch backend keeps them per slot (transformers)
+    reads_hidden: bool = False
     # the config whose rounds `draftwise calibrate` counts: width-W trees of depth D, children
     # drawn by the given relation (None: the family cannot be calibrated)
     calibrated: Callable[[int, int, SamplingRelation], C] | None = None

@@ -320,5 +320,5 @@ def family(name: str, summary: str) -> DrafterFamily[HeadsConfig]:
     return DrafterFamily(
         name=name, config=HeadsConfig, contract=config_contract, shape=config_shape,
         build=lambda config, resources: open_heads(name, config, resources),
-        summary=summary, auto_tree=True, calibrated=calibrated,
+        summary=summary, auto_tree=True, calibrated=calibrated, reads_hidden=True,
     )
