@@ -4,10 +4,11 @@ Closed loop: B requests in flight (`Decoder.batch(B)`), the next joining as one 
 the same N first-turn prompts for every method and batch size.  Methods (each on the same loaded
 target): `sequential` (today's single-request engine, one request after another, plain decoding:
 the batch-1 reference), `plain` (proposer none, batched), `lookup` (prompt lookup at its
-defaults, batched: fixed-depth speculation, what a serving engine does by default) and
-`lookup+gate` (prompt lookup behind `gate=auto` planned for `batch=max(--batches)`: the gate
-prices each round's rows by the measured t_B(n) of the current batch size: the batch-aware
-policy; `--no-gate` leaves it out).  Repeats are interleaved (method order rotated each
+defaults, batched, `guard=false`: fixed-depth speculation, what a serving engine does by
+default), `lookup+guard` (the same behind the batch's do-no-harm guard, which plays plain rounds
+where they measure faster) and `lookup+gate` (prompt lookup behind `gate=auto` planned for
+`batch=max(--batches)`, and the guard: the gate prices each round's rows by the measured t_B(n)
+of the current batch size: the batch-aware policy; `--no-gate` leaves it out).  Repeats are interleaved (method order rotated each
 repeat) and every figure is a median with its spread.  Per cell: total tok/s, per-request tok/s,
 time to first token, inter-token latency p50/p90/p99 (a token that arrives in the same round as
 the one before it has gap 0), peak KV bytes, peak RSS; greedy outputs are compared with the
@@ -39,7 +40,10 @@ from draftwise.engine import GenerationConfig
 from draftwise.spec import DecoderSpec
 from draftwise.workloads import first_turn_prompts
 
-METHODS = {"plain": {"proposer": "none"}, "lookup": {"proposer": "prompt-lookup"}}
+# lookup: fixed depth, always speculating (guard=false), what a serving engine does by default;
+# lookup+guard: the same behind the batch's do-no-harm guard (draftwise.batch_control)
+METHODS = {"plain": {"proposer": "none"}, "lookup": {"proposer": "prompt-lookup", "guard": "false"},
+           "lookup+guard": {"proposer": "prompt-lookup"}}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
