@@ -48,7 +48,7 @@ def table(rows: list[Row]) -> list[str]:
             + ["req/s", "TTFT p50/p90/p99 ms"] + ([f"TTFT p50 x {REFERENCE_SERVER}"] if REFERENCE_SERVER in baselines
                                                  else [])
             + ["TPOT p50/p90/p99 ms", "ITL p50/p90/p99 ms", "E2EL p50 ms", "failed", f"text != {REFERENCE_SERVER} "
-               "(same load / first load)"])
+               "(same load / first load)", "machine load"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in sorted(rows, key=lambda r: (r.mode != CLOSED, r.value)):
         cells = [_load_label(row), row.server,
@@ -62,7 +62,7 @@ def table(rows: list[Row]) -> list[str]:
         exact = ("-" if row.mismatches_same_load is None else
                  f"{row.mismatches_same_load} / {row.mismatches_first_load} of {row.compared}")
         cells += [" / ".join(_num(v) for v in row.tpot_ms), " / ".join(_num(v) for v in row.itl_ms),
-                  _num(row.e2el_ms_p50, ".0f"), str(row.failed), exact]
+                  _num(row.e2el_ms_p50, ".0f"), str(row.failed), exact, _num(row.load_avg_1m)]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -71,7 +71,8 @@ DEFINITIONS = """Definitions (vLLM's `benchmark_serving` conventions, client clo
 completion tokens / cell duration (first send to last end); TTFT = first chunk with text - send; TPOT =
 (E2EL - TTFT) / (tokens - 1), requests of 2+ tokens; ITL = gaps between successive chunks with text, pooled (a
 chunk may hold several tokens: compare servers by TPOT); E2EL = last chunk - send; percentiles by linear
-interpolation (numpy).  Figures are medians over repeats.  Tokens are the server's usage counts; a server that
+interpolation (numpy).  Figures are medians over repeats.  Machine load: the 1-minute load average as
+the cell ended (the server under test included; above the server's threads, other work shared the cores).  Tokens are the server's usage counts; a server that
 reports none (llama_cpp.server streams no usage) is counted one token per text chunk."""
 
 

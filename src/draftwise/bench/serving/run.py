@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any, Callable
@@ -81,8 +82,10 @@ def _launch_config(settings: ServeBenchSettings, out: Path) -> LaunchConfig:
 
 
 def _cell(spec: ServerSpec, load: Load, repeat: int, run: CellRun) -> dict[str, Any]:
+    # the machine's 1-minute load average as the cell ends (the server under test counts in it):
+    # on a shared machine it says how alone the server was
     return {"server": spec.name, "kind": spec.kind, "args": list(spec.args), "mode": load.mode, "value": load.value,
-            "repeat": repeat, "duration_s": run.duration_s,
+            "repeat": repeat, "duration_s": run.duration_s, "load_avg_1m": os.getloadavg()[0],
             "requests": [r.as_json() for r in run.records]}
 
 

@@ -37,6 +37,7 @@ class Row:
     mismatches_same_load: int | None  # None: not compared (no reference cell, or temperature > 0)
     mismatches_first_load: int | None
     compared: int
+    load_avg_1m: float | None  # the machine's, as the cells ended (median over repeats)
 
 
 def records(cell: dict[str, Any]) -> list[RequestRecord]:
@@ -62,16 +63,22 @@ def _row(server: str, mode: str, value: float, mine: list[dict[str, Any]], cells
                request_s=statistics.median(m.request_throughput for m in metrics),
                ttft_ms=_ms_percentiles(metrics, "ttft"), tpot_ms=_ms_percentiles(metrics, "tpot"),
                itl_ms=_ms_percentiles(metrics, "itl"), e2el_ms_p50=_median_ms([m.e2el.p50 for m in metrics]),
-               mismatches_same_load=same, mismatches_first_load=first, compared=compared)
+               mismatches_same_load=same, mismatches_first_load=first, compared=compared,
+               load_avg_1m=_median([c.get("load_avg_1m") for c in mine]))
 
 
 def _ms_percentiles(metrics: list[CellMetrics], name: str) -> tuple[float | None, ...]:
     return tuple(_median_ms([getattr(getattr(m, name), f"p{p}") for m in metrics]) for p in PERCENTILES)
 
 
-def _median_ms(values: list[float | None]) -> float | None:
+def _median(values: list[float | None]) -> float | None:
     known = [v for v in values if v is not None]
-    return statistics.median(known) * 1e3 if known else None
+    return statistics.median(known) if known else None
+
+
+def _median_ms(values: list[float | None]) -> float | None:
+    median = _median(values)
+    return None if median is None else median * 1e3
 
 
 def _texts(cell: dict[str, Any]) -> dict[int, str]:
