@@ -46,7 +46,9 @@ def serve(
         if not decoder.engine.verifier.capabilities.exact:
             err.print("[bold yellow]warning:[/] a heuristic verifier makes these answers: NOT distributed as the "
                       "target model alone")
-        from draftwise.serve.server import run
+        from draftwise.serve.server import build_state, run
+
+        state = build_state(decoder, config)  # the batch engine: a proposer it cannot batch is refused here
     except DraftwiseError as exc:
         fail(str(exc))
         return
@@ -54,4 +56,4 @@ def serve(
         fail(f"draftwise serve needs the serve extra ({exc.name} is missing): pip install 'draftwise[serve]'")
         return
     dim(f"serving {config.model} ({decoder.spec.describe()}) on http://{host}:{port}")
-    run(decoder, config, host, port, log_level)
+    run(state, host, port, log_level)

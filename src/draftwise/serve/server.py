@@ -48,9 +48,9 @@ def build_state(decoder: Decoder, config: ServeConfig) -> ServerState:
     return ServerState(config, worker, metrics)
 
 
-def run(decoder: Decoder, config: ServeConfig, host: str, port: int, log_level: str = "info") -> None:
+def run(state: ServerState, host: str, port: int, log_level: str = "info") -> None:
     """Serve until SIGTERM or SIGINT; returns once drained (the process then exits 0)."""
-    state = build_state(decoder, config)
+    config = state.config
     server = _DrainingServer(uvicorn.Config(create_app(state), host=host, port=port, log_level=log_level,
                                             timeout_graceful_shutdown=int(config.grace_seconds) + UVICORN_MARGIN_S),
                              state.on_signal)
