@@ -3,7 +3,10 @@ load (the benchmark lives in `draftwise.bench.serving`; this module only reads t
 
 from __future__ import annotations
 
+import signal
+import sys
 from pathlib import Path
+from types import FrameType
 from typing import Optional
 
 import typer
@@ -15,6 +18,10 @@ from draftwise.cli.common import err, fail
 from draftwise.errors import DraftwiseError
 
 DEFAULTS = ServeBenchSettings()
+def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    sys.exit(128 + signum)
+
+
 DEFAULT_CONCURRENCY = ",".join(f"{load.value:g}" for load in DEFAULTS.loads if load.mode == CLOSED)
 
 
@@ -50,6 +57,9 @@ def serve_cmd(
             num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature, seed=seed, endpoint=endpoint,
             repeats=repeats, target=target, backend=backend, threads=threads, request_timeout_s=request_timeout,
             startup_timeout_s=startup_timeout)
+        # SIGTERM ends the run through the
+        # servers' `finally`: none is left running behind the benchmark
+        signal.signal(signal.SIGTERM, _exit_on_signal)
         run_serving_bench(settings, out, resume=resume, say=lambda line: err.print(line, markup=False, highlight=False))
     except (DraftwiseError, ServerError) as exc:
         fail(str(exc))
