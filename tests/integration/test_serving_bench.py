@@ -97,4 +97,4 @@ def test_draftwise_serve_against_its_plain_self(gguf, tmp_path, prompt_file):
     assert result.exit_code == 0, result.output
     rows = {r["server"]: r for r in json.loads((out / "summary.json").read_text())["rows"]}
     assert all(r["failed"] == 0 and r["completed"] == 4 and r["tokens_counted"] == 0 for r in rows.values())
-    assert rows["lookup"]["compared"] == 4
+    assert rows["lookup"]["same_load"]["compared"] == 4

@@ -10,7 +10,7 @@ import pytest
 
 from draftwise.bench.serving.loadgen import RequestRecord, arrival_offsets, closed_loop, open_loop
 from draftwise.bench.serving.metrics import cell_metrics, distribution, itl, tpot, ttft
-from draftwise.bench.serving.summary import summarize
+from draftwise.bench.serving.summary import Agreement, summarize
 
 
 def record(index, sent, times, tokens=None, error=None, finish="length", text="t"):
@@ -112,12 +112,24 @@ def test_exactness_counts_texts_against_plain_at_the_same_load_and_at_the_first(
         cell("draftwise-none", 1, 0, ["a", "b", "c"]), cell("draftwise-none", 4, 0, ["a", "B", "c"]),
         cell("draftwise-auto", 1, 0, ["a", "b", "x"]), cell("draftwise-auto", 4, 0, ["a", "B", "c"])]}
     rows = {(r.server, r.value): r for r in summarize(results)}
-    assert (rows["draftwise-auto", 1].mismatches_same_load, rows["draftwise-auto", 1].mismatches_first_load) == (1, 1)
+    assert (rows["draftwise-auto", 1].same_load, rows["draftwise-auto", 1].first_load) == (Agreement(1, 3),
+                                                                                           Agreement(1, 3))
     # at c=4 auto equals plain at c=4, but plain's own batched answer parted from its c=1 answer
-    assert (rows["draftwise-auto", 4].mismatches_same_load, rows["draftwise-auto", 4].mismatches_first_load) == (0, 1)
-    assert rows["draftwise-none", 4].mismatches_first_load == 1 and rows["draftwise-auto", 4].compared == 3
+    assert (rows["draftwise-auto", 4].same_load, rows["draftwise-auto", 4].first_load) == (Agreement(0, 3),
+                                                                                           Agreement(1, 3))
+    assert rows["draftwise-none", 4].first_load == Agreement(1, 3)
     sampled = {**results, "settings": {"temperature": 0.7}}
-    assert all(r.mismatches_same_load is None for r in summarize(sampled))
+    assert all(r.same_load is None and r.first_load is None for r in summarize(sampled))
+
+
+def test_no_reference_at_a_load_is_not_compared_there():
+    failed_first = cell("llamacpp-server", 1, 0, ["a", "b"])
+    failed_first["requests"][0] = record(0, 0.0, [0.1], error="HTTP 500").as_json()
+    results = {"settings": {"temperature": 0.0}, "cells": [
+        cell("draftwise-none", 1, 0, ["a", "b"]), cell("draftwise-auto", 8, 0, ["a", "x"]), failed_first]}
+    rows = {(r.server, r.value): r for r in summarize(results)}
+    assert rows["draftwise-auto", 8].same_load is None and rows["draftwise-auto", 8].first_load == Agreement(1, 2)
+    assert rows["llamacpp-server", 1].same_load == Agreement(0, 1)  # the failed request is not compared
 
 
 def test_record_json_round_trip():

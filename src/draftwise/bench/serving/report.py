@@ -59,8 +59,7 @@ def table(rows: list[Row]) -> list[str]:
         if REFERENCE_SERVER in bases:
             reference = bases[REFERENCE_SERVER]
             cells.append(_ratio(row.ttft_ms[0], None if reference is None else reference.ttft_ms[0]))
-        exact = ("-" if row.mismatches_same_load is None else
-                 f"{row.mismatches_same_load} / {row.mismatches_first_load} of {row.compared}")
+        exact = f"{row.same_load or '-'} / {row.first_load or '-'}"
         cells += [" / ".join(_num(v) for v in row.tpot_ms), " / ".join(_num(v) for v in row.itl_ms),
                   _num(row.e2el_ms_p50, ".0f"), str(row.failed), exact, _num(row.load_avg_1m)]
         lines.append("| " + " | ".join(cells) + " |")

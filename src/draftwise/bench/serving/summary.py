@@ -18,6 +18,17 @@ from draftwise.bench.serving.settings import REFERENCE_SERVER
 
 
 @dataclass(frozen=True)
+class Agreement:
+    """Of `compared` completed requests answered by the reference too, `differ` had another text."""
+
+    differ: int
+    compared: int
+
+    def __str__(self) -> str:
+        return f"{self.differ} of {self.compared}"
+
+
+@dataclass(frozen=True)
 class Row:
     server: str
     mode: str
@@ -34,9 +45,8 @@ class Row:
     tpot_ms: tuple[float | None, ...]
     itl_ms: tuple[float | None, ...]
     e2el_ms_p50: float | None
-    mismatches_same_load: int | None  # None: not compared (no reference cell, or temperature > 0)
-    mismatches_first_load: int | None
-    compared: int
+    same_load: Agreement | None  # None: not compared (no reference cell, or temperature > 0)
+    first_load: Agreement | None
     load_avg_1m: float | None  # the machine's, as the cells ended (median over repeats)
 
 
@@ -56,14 +66,14 @@ def summarize(results: dict[str, Any]) -> list[Row]:
 def _row(server: str, mode: str, value: float, mine: list[dict[str, Any]], cells: list[dict[str, Any]], greedy: bool) -> Row:
     metrics = [cell_metrics(records(c), c["duration_s"]) for c in mine]
     rates = [m.output_throughput for m in metrics]
-    same, first, compared = _mismatches(mine, cells) if greedy else (None, None, 0)
+    same, first = _agreements(mine, cells) if greedy else (None, None)
     return Row(server=server, mode=mode, value=value, repeats=len(mine), completed=sum(m.completed for m in metrics),
                failed=sum(m.failed for m in metrics), tokens_counted=sum(m.tokens_counted for m in metrics),
                output_tok_s=statistics.median(rates), output_tok_s_min=min(rates), output_tok_s_max=max(rates),
                request_s=statistics.median(m.request_throughput for m in metrics),
                ttft_ms=_ms_percentiles(metrics, "ttft"), tpot_ms=_ms_percentiles(metrics, "tpot"),
                itl_ms=_ms_percentiles(metrics, "itl"), e2el_ms_p50=_median_ms([m.e2el.p50 for m in metrics]),
-               mismatches_same_load=same, mismatches_first_load=first, compared=compared,
+               same_load=same, first_load=first,
                load_avg_1m=_median([c.get("load_avg_1m") for c in mine]))
 
 
@@ -85,20 +95,25 @@ def _texts(cell: dict[str, Any]) -> dict[int, str]:
     return {r["index"]: r["text"] for r in cell["requests"] if r["error"] is None}
 
 
-def _mismatches(mine: list[dict[str, Any]], cells: list[dict[str, Any]]) -> tuple[int | None, int | None, int]:
+def _agreements(mine: list[dict[str, Any]], cells: list[dict[str, Any]]) -> tuple[Agreement | None, Agreement | None]:
+    """(against the reference at the same load and repeat, against its first-load answer)."""
     reference = [c for c in cells if c["server"] == REFERENCE_SERVER]
     if not reference:
-        return None, None, 0
+        return None, None
     first_load = (reference[0]["mode"], reference[0]["value"])
     anchor = next((c for c in reference if (c["mode"], c["value"], c["repeat"]) == (*first_load, 0)), reference[0])
-    anchor_texts = _texts(anchor)
-    same = first = compared = 0
-    for cell in mine:
-        peer = next((c for c in reference if (c["mode"], c["value"], c["repeat"]) ==
-                     (cell["mode"], cell["value"], cell["repeat"])), None)
-        peer_texts = _texts(peer) if peer is not None else {}
+    pairs = [(cell, next((c for c in reference if (c["mode"], c["value"], c["repeat"]) ==
+                          (cell["mode"], cell["value"], cell["repeat"])), None)) for cell in mine]
+    return (_agreement([(cell, peer) for cell, peer in pairs if peer is not None]),
+            _agreement([(cell, anchor) for cell in mine]))
+
+
+def _agreement(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> Agreement | None:
+    differ = compared = 0
+    for cell, reference in pairs:
+        theirs = _texts(reference)
         for index, text in _texts(cell).items():
-            compared += 1
-            same += index in peer_texts and text != peer_texts[index]
-            first += index in anchor_texts and text != anchor_texts[index]
-    return same, first, compared
+            if index in theirs:
+                compared += 1
+                differ += text != theirs[index]
+    return Agreement(differ, compared) if compared else None
