@@ -48,6 +48,7 @@ def vllm_profile(config: ExportConfig, eager: bool, environment: VllmEnvironment
     directory = auto_cache_root() / "vllm_profile" / stable_hash(key)[:20]
     if artifact_matches(directory, BATCH_ARTIFACT_KIND, lambda p: p.get("engine") == "vllm"):
         return directory
+    directory.parent.mkdir(parents=True, exist_ok=True)
     log.info("measuring t_B(n) in vLLM: %d engines (n = %s), B = %s", len(rows), rows, request.batch_sizes)
     profile = run_profile(request, environment, log_path=directory.with_name(directory.name + ".log"))
     for batch, by_rows in sorted(profile.by_batch.items()):
