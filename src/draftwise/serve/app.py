@@ -13,6 +13,7 @@ from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
 from draftwise.serve.config import ServeConfig
@@ -23,7 +24,6 @@ from draftwise.serve.responses import Shape, sse
 from draftwise.serve.schema import CompletionRequest, parse_body
 
 log = logging.getLogger("draftwise.serve")
-DISCONNECT_POLL_S = 0.5  # how often a waiting non-streamed request checks that its client is still there
 
 
 @dataclass
@@ -55,6 +55,7 @@ class Ticket:
         self._state = state
         self.updates: asyncio.Queue[Update] = asyncio.Queue()
         self.ended = False
+        self._gone: asyncio.Future[Any] | None = None  # the client's disconnect, while no response is sent
         loop = asyncio.get_running_loop()
 
         def sink(update: Update) -> None:  # on the worker thread
@@ -77,14 +78,22 @@ class Ticket:
             self._state.worker.cancel(self.key, reason)
 
     async def next(self, http: Request) -> Update | None:
-        """The next update; None (and the request cancelled) when the client has gone."""
-        while True:
-            try:
-                return await asyncio.wait_for(self.updates.get(), DISCONNECT_POLL_S)
-            except asyncio.TimeoutError:
-                if await http.is_disconnected():
-                    self.cancel("disconnected")
-                    return None
+        """The next update; None (and the request cancelled) when the client has gone first.
+        The body has been read, so the next ASGI message is the client's disconnect."""
+        if self._gone is None:
+            self._gone = asyncio.ensure_future(http.receive())
+        update = asyncio.ensure_future(self.updates.get())
+        await asyncio.wait({update, self._gone}, return_when=asyncio.FIRST_COMPLETED)
+        if update.done():
+            return update.result()
+        update.cancel()
+        self.cancel("disconnected")
+        return None
+
+    def stop_watching(self) -> None:
+        """Before a response is sent: Starlette listens for the disconnect itself from then on."""
+        if self._gone is not None:
+            self._gone.cancel()
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -156,15 +165,24 @@ async def _complete(state: ServerState, http: Request, chat: bool) -> Response:
         state.metrics.refused("chat" if chat else "completions", exc.status, exc.code)
         raise
     ticket = Ticket(state, request)
-    shape = Shape(config.model, chat)
+    try:
+        return await _respond(ticket, request, Shape(config.model, chat), http)
+    finally:
+        ticket.stop_watching()
+
+
+async def _respond(ticket: Ticket, request: CompletionRequest, shape: Shape, http: Request) -> Response:
     first = await ticket.next(http)  # a stream starts once there is text (or an end): a refusal keeps its status
     if first is None:
         return Response(status_code=499)  # the client has gone; nobody reads this
     if isinstance(first, Refused):
         raise first.error
     if request.stream:
+        # the background task runs however the response ends: a client gone before the stream's
+        # first write never enters the generator, whose `finally` would cancel the request
         return StreamingResponse(_events(ticket, shape, first, request.include_usage), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                                 background=BackgroundTask(ticket.cancel, "disconnected"))
     update: Update | None = first
     while isinstance(update, Delta):
         update = await ticket.next(http)
