@@ -7,7 +7,8 @@ import json
 import pytest
 
 from draftwise.cost_profile import BatchCostProfile, VerifyCostProfile
-from draftwise.vllm.export import (ExportConfig, Workload, load_exported_method, plan_export, speculative_config,
+from draftwise.vllm.exported import load_exported_method
+from draftwise.vllm.export import (ExportConfig, Workload, plan_export, speculative_config,
                                    verify_rows, write_export)
 from draftwise.vllm.predict import BatchChoice, Round, choose, predicted_speedup, replay, schedule
 from draftwise.vllm.protocol import BatchResult
@@ -87,3 +88,15 @@ def test_export_artifact_round_trips_and_verification_reports_the_error(tmp_path
     assert row["measured"] == pytest.approx(1.5) and row["error"] == pytest.approx(1.5 / 1.25 - 1)
     assert row["default_vs_plain"] == pytest.approx(1.1) and row["identical_to_plain"] == 1
     assert json.loads((out / "manifest.json").read_text())["kind"] == "vllm_export"
+
+
+def test_custom_form_carries_the_same_choice(tmp_path):
+    from draftwise.vllm.methods import PROPOSER_ENV, CustomDrafterConfig, parse_method
+
+    choices = [BatchChoice(1, 6, 2.0, {}), BatchChoice(4, 2, 1.4, {}), BatchChoice(8, 0, 1.0, {})]
+    out = write_export(tmp_path / "export", ExportConfig(batches=(1, 4, 8)), 3, choices,
+                       speculative_config(3, choices, per_batch_schedule=True), {"target": "t"})
+    method = parse_method(f"vllm-export-custom={out}")
+    config = CustomDrafterConfig.from_json(method.env[PROPOSER_ENV])
+    assert method.speculative_config["num_speculative_tokens"] == 6 and config.max_ngram == 3
+    assert [config.k_for(b) for b in (1, 2, 3, 4, 7, 8, 16)] == [6, 6, 6, 2, 2, 0, 0]  # past the last range: its K, as vLLM reads it

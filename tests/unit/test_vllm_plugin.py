@@ -64,7 +64,7 @@ def test_method_strings():
     assert custom.speculative_config == {"method": "custom_class", "model": "draftwise.vllm.proposer.DraftwiseProposer",
                                          "num_speculative_tokens": 5}
     config = CustomDrafterConfig.from_json(custom.env[PROPOSER_ENV])
-    assert (config.k_for(1), config.k_for(4), config.k_for(9)) == (5, 0, 2)
+    assert (config.k_for(1), config.k_for(4), config.k_for(9)) == (5, 0, 0)  # past the last range: its K
     with pytest.raises(InputError, match="takes"):
         parse_method("vllm-ngram:draft=x")
     with pytest.raises(InputError, match="unknown vLLM method"):

@@ -21,18 +21,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from draftwise.artifacts import read_manifest, staged_artifact, write_manifest
+from draftwise.artifacts import staged_artifact, write_manifest
 from draftwise.backends.dtype import CONCRETE_DTYPES, TorchDtype, check_dtype
 from draftwise.cost_profile import BatchCostProfile
 from draftwise.errors import InputError
-from draftwise.vllm.methods import parse_method
+from draftwise.vllm.exported import ARTIFACT_KIND, CONFIG_FILE, CUSTOM_FILE, load_exported_method
+from draftwise.vllm.methods import CUSTOM_CLASS, PROPOSER_ENV, CustomDrafterConfig, parse_method
 from draftwise.vllm.predict import BatchChoice, Round, choose, replay, schedule
 from draftwise.vllm.protocol import BatchResult, VllmMethod, WorkerRequest
 
 log = logging.getLogger(__name__)
 
-ARTIFACT_KIND = "vllm_export"
-CONFIG_FILE = "speculative_config.json"
 PREDICTION_FILE = "prediction.json"
 VERIFY_FILE = "verification.json"
 VERIFY_REPORT = "verification.md"
@@ -103,11 +102,15 @@ def speculative_config(ngram: int, choices: Sequence[BatchChoice], per_batch_sch
     return body
 
 
-def load_exported_method(directory: Path) -> VllmMethod:
-    """The exported speculative_config as a method the worker runs (None: plain)."""
-    read_manifest(directory, kind=ARTIFACT_KIND, required=(CONFIG_FILE,))
-    body = json.loads((Path(directory) / CONFIG_FILE).read_text())
-    return VllmMethod(f"vllm-export={directory}", body.get("speculative_config"))
+def custom_method(ngram: int, choices: Sequence[BatchChoice]) -> VllmMethod:
+    """The exported choice as draftwise's prompt lookup inside vLLM (custom_class): the drafter the
+    replay priced, with the same K per batch size; for vLLM versions without a per-batch schedule
+    (the proposer applies it itself) and for comparison with vLLM's n-gram drafter."""
+    top = max(c.k for c in choices)
+    config = CustomDrafterConfig(drafter="prompt-lookup", k=choices[0].k, max_ngram=ngram,
+                                 schedule=tuple((a, b, k) for a, b, k in schedule(choices)))
+    return VllmMethod("vllm-exported-custom", {"method": "custom_class", "model": CUSTOM_CLASS,
+                                               "num_speculative_tokens": max(top, 1)}, env={PROPOSER_ENV: config.to_json()})
 
 
 def verify_rows(choices: Sequence[BatchChoice], results: Sequence[BatchResult], exported: str,
@@ -147,6 +150,9 @@ def write_export(out: Path, config: ExportConfig, ngram: int, choices: Sequence[
                  verification: list[dict[str, Any]] | None = None, default: str = DEFAULT_METHOD) -> Path:
     with staged_artifact(out, ARTIFACT_KIND) as staging:
         (staging / CONFIG_FILE).write_text(json.dumps({"speculative_config": spec}, indent=1) + "\n")
+        custom = custom_method(ngram, choices)
+        (staging / CUSTOM_FILE).write_text(json.dumps({"speculative_config": custom.speculative_config,
+                                                       "env": dict(custom.env)}, indent=1) + "\n")
         (staging / PREDICTION_FILE).write_text(json.dumps(
             {"prompt_lookup_max": ngram, "choices": [asdict(c) | {"by_k": {str(k): v for k, v in c.by_k.items()}}
                                                      for c in choices]}, indent=1) + "\n")
@@ -158,9 +164,10 @@ def write_export(out: Path, config: ExportConfig, ngram: int, choices: Sequence[
 
 
 def verify_methods(out: Path, default: str) -> tuple[VllmMethod, ...]:
-    """No speculation, vLLM's default n-gram, and the exported configuration (named by its file)."""
-    body = json.loads((out / CONFIG_FILE).read_text())
-    return (parse_method("vllm-plain"), parse_method(default), VllmMethod("vllm-exported", body["speculative_config"]))
+    """No speculation, vLLM's default n-gram, the exported configuration, and its custom_class form."""
+    native, custom = load_exported_method(out), load_exported_method(out, custom=True)
+    return (parse_method("vllm-plain"), parse_method(default), VllmMethod("vllm-exported", native.speculative_config),
+            VllmMethod("vllm-exported-custom", custom.speculative_config, env=custom.env))
 
 
 def verification_request(workload: Workload, config: ExportConfig, model_dir: Path, methods: tuple[VllmMethod, ...],

@@ -6,6 +6,7 @@
     vllm-medusa:heads=DIR[,k=...]       Medusa heads in vLLM's layout
     vllm-custom=prompt-lookup[:k=4,ngram=2]   a draftwise drafter inside vLLM (custom_class)
     vllm-export=DIR                     the speculative_config `draftwise export vllm` wrote
+    vllm-export-custom=DIR              the same choice as draftwise's prompt lookup inside vLLM
 
 Defaults are vLLM's documented n-gram example, defined here once: num_speculative_tokens 5,
 prompt_lookup_max 4 (prompt_lookup_min then defaults to the same 4): "vLLM's default" in reports.
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftwise.errors import InputError
+from draftwise.vllm.exported import load_exported_method
 from draftwise.vllm.protocol import VllmMethod
 
 DEFAULT_K = 5
@@ -32,7 +34,7 @@ _KEYS = {"vllm-plain": set(), "vllm-ngram": {"k", "ngram", "min"}, "vllm-draft":
 class CustomDrafterConfig:
     """What the custom proposer inside vLLM runs: draftwise's prompt lookup (chain), and K per
     batch size (`schedule`: (first B, last B, K) ranges, as vLLM's own schedule; K 0 = no draft;
-    batch sizes outside every range take `k`)."""
+    batch sizes before every range take `k`)."""
 
     drafter: str = "prompt-lookup"  # or "fixed": K copies of token 0 every step (profiling: every row verified, none accepted)
     k: int = DEFAULT_K
@@ -40,10 +42,13 @@ class CustomDrafterConfig:
     schedule: tuple[tuple[int, int, int], ...] = ()
 
     def k_for(self, batch: int) -> int:
-        for first, last, k in self.schedule:
-            if first <= batch <= last:
-                return k
-        return self.k
+        """vLLM's own reading of the schedule: a batch size past a range (in a gap, or past the
+        last one) keeps that range's K; one before every range takes `k`."""
+        chosen = self.k
+        for first, _, k in sorted(self.schedule):
+            if batch >= first:
+                chosen = k
+        return chosen
 
     def to_json(self) -> str:
         return json.dumps({"drafter": self.drafter, "k": self.k, "max_ngram": self.max_ngram,
@@ -88,10 +93,9 @@ def parse_schedule(text: str) -> tuple[tuple[int, int, int], ...]:
 
 def parse_method(text: str) -> VllmMethod:
     """A method string -> its VllmMethod (vLLM speculative_config, environment)."""
-    if text.startswith("vllm-export="):
-        from draftwise.vllm.export import load_exported_method
-
-        return load_exported_method(Path(text.removeprefix("vllm-export=")))
+    for prefix, custom in (("vllm-export=", False), ("vllm-export-custom=", True)):
+        if text.startswith(prefix):
+            return load_exported_method(Path(text.removeprefix(prefix)), custom=custom)
     kind, _, rest = text.partition(":")
     drafter = None
     if kind.startswith("vllm-custom="):
