@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
+SESSION_MARK = "@@draftwise "  # a session worker's replies on stdout start with it (vLLM logs to stdout too)
+
 
 @dataclass(frozen=True)
 class VllmMethod:
@@ -99,3 +101,28 @@ class ProfileRequest:
     def from_json(cls, body: Mapping[str, Any]) -> "ProfileRequest":
         fields = {k: v for k, v in body.items() if k != "kind"}
         return cls(**{**fields, "batch_sizes": tuple(fields["batch_sizes"]), "rows": tuple(fields["rows"])})
+
+
+@dataclass(frozen=True)
+class SessionRequest:
+    """One engine kept loaded (`draftwise.vllm.session`): generations are asked for one at a time."""
+
+    model: str
+    dtype: str
+    method: VllmMethod
+    max_batch: int = 1
+    max_model_len: int = 2048
+    enforce_eager: bool = False
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:  # what `worker.engine` sizes max_num_seqs by
+        return (self.max_batch,)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "session", **asdict(self)}
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> "SessionRequest":
+        return cls(model=body["model"], dtype=body["dtype"], method=VllmMethod.from_json(body["method"]),
+                   max_batch=int(body["max_batch"]), max_model_len=int(body["max_model_len"]),
+                   enforce_eager=bool(body["enforce_eager"]))

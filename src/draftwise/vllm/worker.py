@@ -18,7 +18,7 @@ from dataclasses import asdict
 from typing import Any
 
 from draftwise.vllm.methods import profiling_method
-from draftwise.vllm.protocol import BatchResult, ProfileRequest, VllmMethod, WorkerRequest
+from draftwise.vllm.protocol import SESSION_MARK, BatchResult, ProfileRequest, SessionRequest, VllmMethod, WorkerRequest
 
 SPEC_COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
                  "vllm:spec_decode_num_accepted_tokens": "accepted"}
@@ -29,7 +29,7 @@ def spec_counters(llm: Any) -> dict[str, float]:
             if (short := SPEC_COUNTERS.get(m.name)) is not None and hasattr(m, "value")}
 
 
-def engine(request: WorkerRequest | ProfileRequest, method: VllmMethod) -> Any:
+def engine(request: WorkerRequest | ProfileRequest | SessionRequest, method: VllmMethod) -> Any:
     from vllm import LLM
 
     os.environ.update(method.env)  # this worker process's own environment, read by a custom proposer
@@ -104,8 +104,31 @@ def run_profile(request: ProfileRequest) -> dict[str, Any]:
     return {"rows": list(request.rows), "seconds": {str(b): s for b, s in seconds.items()}}
 
 
+def serve(request: SessionRequest) -> None:
+    """One engine; each stdin line {"prompts": [[ids]], "max_tokens": N} runs as one concurrent
+    batch and is answered on stdout with SESSION_MARK + {"tokens", "wall_s", "spec_counters"}."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = engine(request, request.method)
+    print(SESSION_MARK + json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        ask = json.loads(line)
+        before = spec_counters(llm)
+        params = SamplingParams(temperature=0.0, max_tokens=int(ask["max_tokens"]))
+        start = time.perf_counter()
+        outputs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in ask["prompts"]], params, use_tqdm=False)
+        wall = time.perf_counter() - start
+        after = spec_counters(llm)
+        print(SESSION_MARK + json.dumps({"tokens": [list(o.outputs[0].token_ids) for o in outputs], "wall_s": wall,
+                                 "spec_counters": {k: after[k] - before.get(k, 0.0) for k in after}}), flush=True)
+
+
 def main(argv: list[str]) -> int:
     body = json.loads(open(argv[0]).read())
+    if body.get("kind") == "session":
+        serve(SessionRequest.from_json(body))
+        return 0
     if body.get("kind") == "profile":
         with open(argv[1], "w") as handle:
             json.dump(run_profile(ProfileRequest.from_json(body)), handle)
