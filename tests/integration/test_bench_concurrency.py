@@ -107,7 +107,7 @@ def test_embedded_model_cells_refusals_and_resume(tmp_path):
             assert row["exact_vs_plain"]["mismatches"] == 0
             assert row["itl_p50_ms"] > 0 and row["ttft_p50_ms"] > 0 and row["kv_peak_bytes"] > 0
     assert table["plain"]["2"]["vs_reference"] == 1.0 and table["hf-plain"]["2"]["exact_vs_plain"]["compared"] == 2
-    assert "hidden states" in table["skip"]["2"]["refused"] and "refused" in table["skip"]["1"]
+    assert "layer-skip" in table["skip"]["2"]["refused"] and "refused" in table["skip"]["1"]  # the engine's reason
     report = (out / "report.md").read_text()
     assert "## Requests in flight" in report and "| skip | 2 | refused:" in report
     assert (out / "throughput_vs_batch.png").is_file() and (out / "itl_cdf.png").is_file()
