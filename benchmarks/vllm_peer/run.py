@@ -126,13 +126,17 @@ def main(argv: list[str] | None = None) -> None:
                             batch_sizes=tuple(batches), methods=methods, enforce_eager=args.eager)
     cells = [c for name in filter(None, args.dw_methods.split(",")) for c in run_draftwise(name, spec, base, prompts, batches)]
     started = time.perf_counter()
-    results = run_worker(request, VllmEnvironment(iomp=args.iomp), log_path=args.out / "vllm.log")
+    outcome = run_worker(request, VllmEnvironment(iomp=args.iomp), log_path=args.out / "vllm.log")
     print(f"vLLM: {len(methods)} engines in {time.perf_counter() - started:.0f} s", flush=True)
+    for name, error in outcome.errors.items():
+        print(f"vLLM refused {name}: {error} (root cause in vllm.log)", flush=True)
     cells += [{"method": r.method, "batch": r.batch, "tokens": [list(t) for t in r.tokens], "wall_s": r.wall_s,
-               "new_tokens": r.new_tokens, "spec_counters": dict(r.spec_counters), "load_s": r.load_s} for r in results]
+               "new_tokens": r.new_tokens, "spec_counters": dict(r.spec_counters), "load_s": r.load_s} for r in outcome.results]
     (args.out / "results.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                       "prompts": [list(p) for p in prompts], "cells": cells}))
-    text = report(args, cells, batches, len(prompts))
+                                                       "prompts": [list(p) for p in prompts], "cells": cells,
+                                                       "refused": dict(outcome.errors)}))
+    text = report(args, cells, batches, len(prompts)) + "".join(
+        f"\nvLLM refused `{name}`: {error} (root cause in vllm.log)\n" for name, error in outcome.errors.items())
     (args.out / "report.md").write_text(text)
     print(text)
 

@@ -11,7 +11,7 @@ import pytest
 
 from draftwise.vllm.methods import parse_method
 from draftwise.vllm.protocol import SessionRequest, WorkerRequest
-from draftwise.vllm.runner import VllmEnvironment, by_method, run_worker
+from draftwise.vllm.runner import VllmEnvironment, run_worker
 
 ENVIRONMENT = VllmEnvironment()
 pytestmark = [pytest.mark.model,
@@ -37,7 +37,9 @@ def plain(checkpoint, prompt, tmp_path_factory) -> tuple[int, ...]:
     request = WorkerRequest(model=checkpoint, dtype="float32", prompts=(prompt,), max_tokens=MAX_TOKENS,
                             batch_sizes=(1,), methods=(parse_method("vllm-plain"),), enforce_eager=True)
     log = tmp_path_factory.mktemp("vllm") / "plain.log"
-    tokens = by_method(run_worker(request, ENVIRONMENT, log_path=log))[("vllm-plain", 1)].tokens[0]
+    outcome = run_worker(request, ENVIRONMENT, log_path=log)
+    assert not outcome.errors, outcome.errors
+    tokens = outcome.by_method()[("vllm-plain", 1)].tokens[0]
     assert len(set(tokens)) > 1, "vLLM emits one token id only: the checkpoint's embedding was not loaded"
     return tokens
 

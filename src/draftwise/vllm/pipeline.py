@@ -87,7 +87,9 @@ def export_vllm(config: ExportConfig, out: Path, verify: bool = False, eager: bo
         return out
     methods = verify_methods(out, DEFAULT_METHOD)
     request = verification_request(workload, config, vllm_checkpoint(config.target), methods, eager)
-    results = run_worker(request, environment, log_path=out.parent / f"{out.name}.vllm.log")
-    rows = verify_rows(choices, results, "vllm-exported", DEFAULT_METHOD)
+    outcome = run_worker(request, environment, log_path=out.parent / f"{out.name}.vllm.log")
+    for name, error in outcome.errors.items():
+        log.warning("vLLM refused %s: %s", name, error)
+    rows = verify_rows(choices, outcome.results, "vllm-exported", DEFAULT_METHOD)
     write_export(out, config, ngram, choices, spec, {**provenance, "verified_eager": eager}, rows, DEFAULT_METHOD)
     return out

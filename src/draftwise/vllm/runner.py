@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping
 
 from draftwise.cost_profile import BatchCostProfile, VerifyCostProfile
 from draftwise.errors import BackendError
@@ -90,11 +90,21 @@ def _run(body: dict[str, Any], environment: VllmEnvironment, log_path: Path | No
     return result
 
 
+@dataclass(frozen=True)
+class WorkerOutcome:
+    results: tuple[BatchResult, ...]
+    errors: Mapping[str, str]  # method -> why vLLM refused it (the root cause is in vLLM's log)
+
+    def by_method(self) -> dict[tuple[str, int], BatchResult]:
+        return {(r.method, r.batch): r for r in self.results}
+
+
 def run_worker(request: WorkerRequest, environment: VllmEnvironment = VllmEnvironment(),
-               log_path: Path | None = None) -> list[BatchResult]:
+               log_path: Path | None = None) -> WorkerOutcome:
     """Every method of `request` at every batch size, in one worker process (vLLM's log goes to
-    `log_path`, or is dropped)."""
-    return [BatchResult.from_json(r) for r in _run(request.to_json(), environment, log_path) or []]
+    `log_path`, or is dropped); a method vLLM refuses is reported, and the others still run."""
+    body = _run(request.to_json(), environment, log_path) or {}
+    return WorkerOutcome(tuple(BatchResult.from_json(r) for r in body.get("results", ())), dict(body.get("errors", {})))
 
 
 def run_profile(request: ProfileRequest, environment: VllmEnvironment = VllmEnvironment(),
@@ -110,10 +120,6 @@ def run_profile(request: ProfileRequest, environment: VllmEnvironment = VllmEnvi
     return BatchCostProfile({int(b): VerifyCostProfile.from_absolute(
         body["rows"], seconds, model=request.model, backend="vllm", threads=threads,
         machine=machine_description(), provenance=provenance) for b, seconds in body["seconds"].items()})
-
-
-def by_method(results: Sequence[BatchResult]) -> dict[tuple[str, int], BatchResult]:
-    return {(r.method, r.batch): r for r in results}
 
 
 def installed_version(environment: VllmEnvironment = VllmEnvironment()) -> tuple[int, ...] | None:

@@ -134,10 +134,14 @@ def main(argv: list[str]) -> int:
             json.dump(run_profile(ProfileRequest.from_json(body)), handle)
         return 0
     request = WorkerRequest.from_json(body)
-    out: list[dict[str, Any]] = []
+    out: dict[str, Any] = {"results": [], "errors": {}}
     for method in request.methods:
-        out.extend(asdict(r) for r in run_method(request, method))
-        with open(argv[1], "w") as handle:  # after every method: a later failure keeps the earlier results
+        try:
+            out["results"].extend(asdict(r) for r in run_method(request, method))
+        except Exception as exc:  # vLLM refused this configuration (its root cause is in the log): the others still run
+            out["errors"][method.name] = f"{type(exc).__name__}: {exc}"
+            print(f"[vllm worker] {method.name} failed: {exc}", file=sys.stderr, flush=True)
+        with open(argv[1], "w") as handle:  # after every method: a crash keeps the earlier results
             json.dump(out, handle)
     return 0
 
