@@ -100,3 +100,20 @@ def test_custom_form_carries_the_same_choice(tmp_path):
     config = CustomDrafterConfig.from_json(method.env[PROPOSER_ENV])
     assert method.speculative_config["num_speculative_tokens"] == 6 and config.max_ngram == 3
     assert [config.k_for(b) for b in (1, 2, 3, 4, 7, 8, 16)] == [6, 6, 6, 2, 2, 0, 0]  # past the last range: its K, as vLLM reads it
+
+
+def test_medusa_full_vocabulary_drops_the_token_map_and_shares_the_target_head():
+    import torch
+
+    from draftwise.vllm.medusa import full_vocabulary
+
+    config = {"vocab_size": 6, "truncated_vocab_size": 3, "num_heads": 2, "original_lm_head": True}
+    tensors = {"blocks.0.layers.0.weight": torch.ones(2, 2), "blocks.1.layers.0.weight": torch.ones(2, 2),
+               "lm_heads.0.weight": torch.ones(3, 2), "token_map": torch.tensor([0, 2, 5])}
+    target_head = torch.arange(12.0).reshape(6, 2)
+    new_config, new_tensors = full_vocabulary(config, tensors, target_head)
+    assert new_config["truncated_vocab_size"] == 6 and new_config["original_lm_head"] and config["truncated_vocab_size"] == 3
+    assert set(new_tensors) == {"blocks.0.layers.0.weight", "blocks.1.layers.0.weight", "lm_heads.0.weight"}
+    assert torch.equal(new_tensors["lm_heads.0.weight"], target_head)
+    with pytest.raises(ValueError, match="rows"):
+        full_vocabulary(config, tensors, torch.zeros(5, 2))
