@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from draftwise.bench.serving.loadgen import CLOSED, OPEN, Endpoint, Load, Sampling, run_cell
 from draftwise.bench.serving.metrics import cell_metrics
-from draftwise.bench.serving.servers import BUILTIN, LaunchConfig, running
+from draftwise.bench.serving.servers import BUILTIN, LLAMACPP, NEUTRAL_FIELDS, LaunchConfig, running
 from draftwise.cli import app
 
 pytestmark = [pytest.mark.model, pytest.mark.llamacpp]
@@ -36,9 +36,10 @@ def gguf():
 
 
 def test_load_generator_against_llama_cpp_server(gguf, tmp_path):
-    config = LaunchConfig("smollm2-135m", gguf, "llamacpp", 2, 120.0, tmp_path)
+    # one thread: a 2-thread llama.cpp on cores other tests share stalls at its barriers
+    config = LaunchConfig("smollm2-135m", gguf, "llamacpp", 1, 120.0, tmp_path)
     with running(BUILTIN["llamacpp-server"], config) as server:
-        endpoint = Endpoint(server.base_url, server.model_id, "completions")
+        endpoint = Endpoint(server.base_url, server.model_id, "completions", NEUTRAL_FIELDS[LLAMACPP])
         closed = asyncio.run(run_cell(endpoint, PROMPTS, Load(CLOSED, 2), Sampling(8, 0.0, 0), 60.0))
         again = asyncio.run(run_cell(endpoint, PROMPTS[:4], Load(OPEN, 20.0), Sampling(8, 0.0, 0), 60.0))
     assert [r.index for r in closed.records] == list(range(len(PROMPTS)))
@@ -59,7 +60,7 @@ def test_load_generator_against_llama_cpp_server(gguf, tmp_path):
 def _bench(out: Path, prompts: Path, servers: str, concurrency: str, *extra: str):
     return CliRunner().invoke(app, ["bench", "serve", "--servers", servers, "--concurrency", concurrency,
                                     "--workload", f"prompts:{prompts}", "--num-prompts", "4", "--max-tokens", "8",
-                                    "--threads", "2", "--startup-timeout", "300", "--out", str(out), *extra])
+                                    "--threads", "1", "--startup-timeout", "300", "--out", str(out), *extra])
 
 
 @pytest.fixture

@@ -2,8 +2,9 @@
 
 import pytest
 
-from draftwise.bench.serving.loadgen import CLOSED, OPEN, Load
-from draftwise.bench.serving.servers import BUILTIN, DRAFTWISE, LLAMACPP, LaunchConfig, ServerSpec, command, parse_server
+from draftwise.bench.serving.loadgen import CHAT, CLOSED, COMPLETIONS, OPEN, Endpoint, Load, Sampling
+from draftwise.bench.serving.servers import (BUILTIN, DRAFTWISE, LLAMACPP, NEUTRAL_FIELDS, LaunchConfig, ServerSpec,
+                                             command, parse_server)
 from draftwise.bench.serving.settings import ServeBenchSettings, check, first_turns, parse_loads, parse_servers
 from draftwise.errors import InputError
 
@@ -58,3 +59,14 @@ def test_commands_bind_127_0_0_1_and_append_the_server_args(tmp_path):
     dw = command(BUILTIN["draftwise-auto"], config, 9999)
     assert dw[dw.index("serve"):][:3] == ["serve", "--target", "smollm2-135m"] and dw[-2:] == ["--proposer", "auto"]
     assert dw[dw.index("--port") + 1] == "9999" and dw[dw.index("--backend") + 1] == "llamacpp"
+
+
+def test_llama_cpp_server_is_asked_for_the_plain_distribution():
+    # its own defaults (repeat_penalty 1.1, top_k 40, min_p 0.05) would change even greedy answers
+    endpoint = Endpoint("http://127.0.0.1:1", "m", CHAT, NEUTRAL_FIELDS[LLAMACPP])
+    body = endpoint.payload("hi", Sampling(8, 0.0, 3))
+    assert (body["repeat_penalty"], body["top_k"], body["min_p"]) == (1.0, 0, 0.0)
+    assert body["messages"] == [{"role": "user", "content": "hi"}] and body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True} and (body["max_tokens"], body["seed"]) == (8, 3)
+    plain = Endpoint("http://127.0.0.1:1", "m", COMPLETIONS, NEUTRAL_FIELDS[DRAFTWISE]).payload("hi", Sampling(8, 0.0, 3))
+    assert plain["prompt"] == "hi" and "repeat_penalty" not in plain and "messages" not in plain

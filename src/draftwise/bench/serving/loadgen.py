@@ -56,10 +56,12 @@ class Endpoint:
     base_url: str  # http://127.0.0.1:PORT
     model: str  # the id the server lists under /v1/models
     kind: str  # COMPLETIONS or CHAT
+    fields: tuple[tuple[str, Any], ...] = ()  # request fields this server needs besides the OpenAI ones
 
     def payload(self, prompt: str, sampling: Sampling) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.model, "max_tokens": sampling.max_tokens, "temperature": sampling.temperature,
-                      "seed": sampling.seed, "stream": True, "stream_options": {"include_usage": True}}
+                                "seed": sampling.seed, "stream": True, "stream_options": {"include_usage": True},
+                                **dict(self.fields)}
         if self.kind == CHAT:
             body["messages"] = [{"role": "user", "content": prompt}]
         else:

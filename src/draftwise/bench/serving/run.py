@@ -19,7 +19,7 @@ from draftwise.bench.env import environment
 from draftwise.bench.serving.loadgen import CLOSED, CellRun, Endpoint, Load, Sampling, run_cell
 from draftwise.bench.serving.metrics import cell_metrics
 from draftwise.bench.serving.report import write_report
-from draftwise.bench.serving.servers import LLAMACPP, LaunchConfig, ServerError, ServerSpec, running
+from draftwise.bench.serving.servers import LLAMACPP, NEUTRAL_FIELDS, LaunchConfig, ServerError, ServerSpec, running
 from draftwise.bench.serving.settings import ServeBenchSettings, check, first_turns
 from draftwise.errors import InputError
 from draftwise.models import resolve
@@ -53,7 +53,7 @@ def _run_server(spec: ServerSpec, config: LaunchConfig, loads: list[Load], repea
                 settings: ServeBenchSettings, results: dict[str, Any], out: Path, say: Callable[[str], None]) -> None:
     say(f"repeat {repeat}: starting {spec.name} ({spec.kind} {' '.join(spec.args)})")
     with running(spec, config) as server:
-        endpoint = Endpoint(server.base_url, server.model_id, settings.endpoint)
+        endpoint = Endpoint(server.base_url, server.model_id, settings.endpoint, NEUTRAL_FIELDS[spec.kind])
         _warm_up(endpoint, prompts[0], settings)
         for load in loads:
             run = asyncio.run(run_cell(endpoint, prompts, load, settings.sampling, settings.request_timeout_s))
@@ -85,7 +85,8 @@ def _cell(spec: ServerSpec, load: Load, repeat: int, run: CellRun) -> dict[str, 
     # the machine's 1-minute load average as the cell ends (the server under test counts in it):
     # on a shared machine it says how alone the server was
     return {"server": spec.name, "kind": spec.kind, "args": list(spec.args), "mode": load.mode, "value": load.value,
-            "repeat": repeat, "duration_s": run.duration_s, "load_avg_1m": os.getloadavg()[0],
+            "fields": dict(NEUTRAL_FIELDS[spec.kind]), "repeat": repeat, "duration_s": run.duration_s,
+            "load_avg_1m": os.getloadavg()[0],
             "requests": [r.as_json() for r in run.records]}
 
 
@@ -126,10 +127,11 @@ def source_state() -> dict[str, Any]:
 
 def _check_same_server(cells: list[dict[str, Any]], spec: ServerSpec) -> None:
     """A resumed run must not mix two servers under one name."""
+    now = (spec.kind, list(spec.args), dict(NEUTRAL_FIELDS[spec.kind]))
     for cell in cells:
-        if cell["server"] == spec.name and (cell["kind"], tuple(cell["args"])) != (spec.kind, spec.args):
-            raise InputError(f"--resume: {spec.name} ran as {cell['kind']} {cell['args']} in this directory, "
-                             f"now {spec.kind} {list(spec.args)}; give it another name")
+        if cell["server"] == spec.name and (cell["kind"], cell["args"], cell.get("fields")) != now:
+            raise InputError(f"--resume: {spec.name} ran as {cell['kind']} {cell['args']} with request fields "
+                             f"{cell.get('fields')} in this directory, now {now}; give it another name")
 
 
 def _save(out: Path, results: dict[str, Any]) -> None:

@@ -50,6 +50,13 @@ BUILTIN = {
     # (--interrupt_requests True): under concurrency its streams would end after a token or two
     "llamacpp-server": ServerSpec("llamacpp-server", LLAMACPP, ("--interrupt_requests", "False")),
 }
+# Request fields per kind, so that every server samples the target's own distribution under the
+# OpenAI fields alone: llama_cpp.server otherwise applies its defaults repeat_penalty 1.1, top_k 40
+# and min_p 0.05 (the penalty changes even greedy answers); 1.0 and 0 switch them off.
+NEUTRAL_FIELDS: dict[str, tuple[tuple[str, float], ...]] = {
+    DRAFTWISE: (),
+    LLAMACPP: (("repeat_penalty", 1.0), ("top_k", 0), ("min_p", 0.0)),
+}
 SERVER_FORMS = f"a built-in name ({', '.join(BUILTIN)}) or NAME=KIND[:ARGS] with KIND {DRAFTWISE} or {LLAMACPP}"
 
 
