@@ -37,7 +37,9 @@ class _DrainingServer(uvicorn.Server):
 
 
 def build_state(decoder: Decoder, config: ServeConfig) -> ServerState:
-    """The worker (a batch engine of `config.max_batch` slots on the decoder's target) and its metrics."""
+    """The worker (a batch engine of `config.max_batch` slots on the decoder's target) and its
+    metrics.  Call it on the main thread: it runs one forward there first (`warm_up`)."""
+    warm_up(decoder)
     metrics = ServeMetrics(config.max_batch)
     info = decoder.target.info
     identity: dict[str, Any] = {"proposer": decoder.spec.proposer, "backend": info.name, "dtype": info.dtype}
@@ -46,6 +48,15 @@ def build_state(decoder: Decoder, config: ServeConfig) -> ServerState:
     worker = EngineWorker(decoder.batch(config.max_batch), decoder.target, config, metrics, identity)
     metrics.watch(lambda: worker.active, lambda: worker.queued)
     return ServerState(config, worker, metrics)
+
+
+def warm_up(decoder: Decoder) -> None:
+    """One short generation on the calling (main) thread before the worker thread runs any.
+    Measured here (transformers, torch's OpenMP pool of 2 threads): while the main thread has
+    never run a parallel region, every forward of the worker thread ran 20-50x slower (a
+    4-token request took 15 s instead of 0.3 s); one forward on the main thread first, and the
+    worker's forwards run at full speed.  It costs one forward at startup."""
+    decoder.sized(1).generate(decoder.target.tokenize("Hello"))
 
 
 def run(state: ServerState, host: str, port: int, log_level: str = "info") -> None:
