@@ -170,3 +170,32 @@ def cli_on_shared(monkeypatch, shared_backends):
         return real(spec, **kwargs)
 
     monkeypatch.setattr(generate, "open_decoder", open_shared)
+
+
+@pytest.fixture(scope="session")
+def served(shared_backends):
+    """`draftwise serve`'s app on the session's transformers model, in process: a function that
+    POSTs raw bytes to /v1/PATH and returns the response."""
+    import asyncio
+
+    import httpx
+
+    pytest.importorskip("fastapi", reason="the serve extra is not installed")
+    from draftwise.serve.app import create_app
+    from draftwise.serve.config import ServeConfig
+    from draftwise.serve.server import build_state
+
+    state = build_state(shared_backends.get("transformers"), ServeConfig(model=MODEL, max_batch=2))
+    app = create_app(state)
+    state.worker.start()  # the app's lifespan would; an in-process transport does not run it
+
+    def post(path: str, body: bytes) -> httpx.Response:
+        async def send() -> httpx.Response:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://served") as client:
+                return await client.post(f"/v1/{path}", content=body, headers={"content-type": "application/json"},
+                                         timeout=120)
+
+        return asyncio.run(send())
+
+    yield post
+    state.worker.close(60)

@@ -5,7 +5,9 @@ surface  "cli": `draftwise ARGS...` through typer's CliRunner; "{name}" in an ar
              afterwards; {out_file}: a regular file that must be unchanged afterwards).
          "api": `call(context)` on the Python API (`draftwise.open_decoder`, `Decoder.generate`,
              the public config types), on the session's loaded models.
-         "http": reserved for the server (none exists yet, so no row has it).
+         "http": `call(context)` gives (path, body bytes) POSTed to `draftwise serve`'s app (in
+             process, on the session's transformers model): the row's `status`, an OpenAI-style
+             error body whose message holds `mentions`, and a good request served right after.
 error    the DraftwiseError subclass the API raises (the CLI: exit code 2, one `error:` line).
 mentions substrings the message must hold: the input it names and what is wrong with it.
 backend  the session model the row runs on ("transformers" / "llamacpp"; None: no model).  After
@@ -14,6 +16,7 @@ backend  the session model the row runs on ("transformers" / "llamacpp"; None: n
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
@@ -36,6 +39,7 @@ class Row:
     mentions: tuple[str, ...] = ()
     backend: str | None = None
     out: Literal["absent", "file"] | None = None
+    status: int | None = None  # http: the status the server answers with
 
 
 def cli(id: str, args: list[str], error: type[DraftwiseError], *mentions: str, backend: str | None = None,
@@ -46,6 +50,13 @@ def cli(id: str, args: list[str], error: type[DraftwiseError], *mentions: str, b
 def api(id: str, call: Callable[[Any], Any], error: type[DraftwiseError], *mentions: str,
         backend: str | None = None) -> Row:
     return Row(id, "api", call, error, mentions, backend, None)
+
+
+def http(id: str, path: str, body: dict[str, Any] | bytes, status: int, *mentions: str,
+         error: type[DraftwiseError] = InputError) -> Row:
+    """A request to the server: `body` (a JSON object, or the raw bytes sent) POSTed to /v1/`path`."""
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return Row(id, "http", lambda c: (path, raw), error, mentions, "transformers", None, status)
 
 
 def gen(backend: str, *args: str) -> list[str]:
@@ -293,4 +304,34 @@ ROWS += [
     cli("tree-optimize-out-is-a-file", ["tree", "optimize", "--acceptance", "{missing}", "--profile", "{missing}",
                                         "--out", "{out_file}"], ArtifactError, "exists and is not a 'tree' artifact",
         out="file"),
+]
+
+# ---- the server: `draftwise serve`'s requests (docs/serve.md#errors) -----------------------------------------
+SERVED = {"model": "smollm2-135m", "prompt": "hi", "max_tokens": 2, "temperature": 0}
+ROWS += [
+    http("body-not-json", "completions", b'{"model": "smollm2-135m", "prompt": ', 400, "not valid JSON"),
+    http("body-not-utf8", "completions", b'{"model": "smollm2-135m", "prompt": "caf\xff"}', 400, "not valid UTF-8",
+         "byte 0xff"),
+    http("prompt-lone-surrogate", "completions", b'{"model": "smollm2-135m", "prompt": "caf\\ud800"}', 400,
+         "prompt is not valid UTF-8", "U+D800", "at character 3"),
+    http("chat-content-lone-surrogate", "chat/completions",
+         {"model": "smollm2-135m", "messages": [{"role": "user", "content": "hi \ud800"}]}, 400,
+         "messages[0].content is not valid UTF-8", "at character 3"),
+    http("prompt-missing", "completions", {k: v for k, v in SERVED.items() if k != "prompt"}, 400,
+         "missing required field 'prompt'"),
+    http("prompt-empty", "completions", {**SERVED, "prompt": ""}, 400, "prompt is empty"),
+    http("prompt-over-context", "completions", {**SERVED, "prompt": [42] * 9000}, 400, "prompt (9000 tokens)",
+         "context of", error=BackendError),
+    http("model-unknown", "completions", {**SERVED, "model": "gpt-4"}, 404, "'gpt-4' does not exist", "smollm2-135m"),
+    http("max-tokens-zero", "completions", {**SERVED, "max_tokens": 0}, 400, "max_tokens must be >= 1"),
+    http("max-tokens-over-limit", "completions", {**SERVED, "max_tokens": 10**6}, 400, "max_tokens 1000000",
+         "--max-tokens-limit"),
+    http("temperature-negative", "completions", {**SERVED, "temperature": -0.5}, 400, "temperature must be in [0, 2]"),
+    http("top-p-zero", "completions", {**SERVED, "top_p": 0}, 400, "top_p must be in (0, 1]"),
+    http("stop-empty", "completions", {**SERVED, "stop": ["ok", ""]}, 400, "stop string 1 is empty"),
+    http("stop-too-many", "completions", {**SERVED, "stop": list("abcde")}, 400, "stop holds 5 strings", "at most 4"),
+    http("n-two", "chat/completions", {"model": "smollm2-135m", "messages": [{"role": "user", "content": "hi"}],
+                                       "n": 2}, 400, "n=2", "one choice per request"),
+    http("logprobs", "completions", {**SERVED, "logprobs": 5}, 400, "logprobs are not supported"),
+    http("body-too-large", "completions", {**SERVED, "prompt": "x" * (1 << 21)}, 413, "at most 1048576", "--max-body-bytes"),
 ]

@@ -2,7 +2,8 @@
 
 CLI: exit code 2, one `error:` line holding what the row mentions, no traceback, and an output
 path left as it was.  API: the row's DraftwiseError subclass with those words, and the loaded
-model still decodes afterwards (a failed call leaves no state behind)."""
+model still decodes afterwards (a failed call leaves no state behind).  HTTP: the row's status
+and an OpenAI-style error naming it, and the server still answers a good request."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def test_bad_input(row: Row, context, request, tmp_path):
         request.getfixturevalue("cli_on_shared")
         _cli(row, context, tmp_path)
     else:
-        pytest.fail(f"surface {row.surface!r} has no runner yet (the server does not exist)")
+        _http(row, context, request.getfixturevalue("served"))
 
 
 def _api(row: Row, context) -> None:
@@ -51,6 +52,18 @@ def _api(row: Row, context) -> None:
     if row.backend is not None:  # the same loaded model, right after the failure, still decodes
         result = context.decoder(row.backend).generate("The capital of France is")
         assert 1 <= len(result.tokens) <= SHORT
+
+
+def _http(row: Row, context, served) -> None:
+    path, body = row.call(context)
+    response = served(path, body)
+    assert response.status_code == row.status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    for words in row.mentions:
+        assert words in error["message"], f"{words!r} not in {error['message']!r}"
+    good = served("completions", b'{"model": "smollm2-135m", "prompt": "The capital of France is", "max_tokens": 4}')
+    assert good.status_code == 200 and 1 <= good.json()["usage"]["completion_tokens"] <= SHORT, good.text
 
 
 def _cli(row: Row, context, tmp_path) -> None:
