@@ -23,7 +23,7 @@ from draftwise.errors import InputError
 from draftwise.gate import CostGateConfig
 from draftwise.proposers.base import Proposer
 from draftwise.proposers.family import DrafterFamily, DrafterResources
-from draftwise.spec import AutoGate, Choice, DecoderSpec, GateProfile, concrete_drafter, fitted_generation
+from draftwise.spec import AutoGate, Choice, DecoderSpec, GateProfile, Guard, concrete_drafter, fitted_generation
 from draftwise.text_stream import TextPieces
 from draftwise.verify.registry import make_verifier
 
@@ -193,7 +193,7 @@ def batch_decoder(spec: DecoderSpec, target: BatchBackend, draft: Backend | None
         return _engine(replace(spec, generation=generation), slot, request_draft, gate)
 
     return BatchDecoder(target, decoder_for, spec.generation, profile=None if gate is None else gate.batch_profile,
-                        harm=DoNoHarm() if spec.guard and drafter is not None else None)
+                        harm=DoNoHarm() if spec.guard is not Guard.OFF and drafter is not None else None)
 
 
 def _batched_families() -> list[DrafterFamily[Any]]:

@@ -21,6 +21,7 @@ from typing import Callable, Generator, Sequence
 
 import numpy as np
 
+from draftwise.batch_control import Arm, DoNoHarm, DoNoHarmConfig
 from draftwise.backends.base import Backend, check_fits, supports_hidden
 from draftwise.contracts import ProposalResult, RoundManifest, TopologyKind
 from draftwise.errors import ContractError
@@ -44,6 +45,10 @@ class GenerationConfig:
     limits: TreeLimits = TreeLimits()
     exact: bool = True
     gate: CostGateConfig | None = None  # verify only as deep as pays, by the measured t(n)
+    # do no harm (`draftwise.batch_control`): a round of a request decoded alone is a plain step
+    # (no proposal) where plain steps measured more committed tokens per second; batches guard
+    # their shared rounds themselves (`draftwise.batch`)
+    guard: DoNoHarmConfig | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -231,6 +236,7 @@ class SpeculativeDecoder:
                            self.target.detokenize)
         records: list[RoundRecord] = []
         gate = CostGate(config.gate) if config.gate is not None else None
+        harm = DoNoHarm(config.guard) if config.guard is not None and self.proposers and batch_size is None else None
         context = list(prompt)
         start = time.perf_counter()
         self.target.reset()
@@ -238,7 +244,7 @@ class SpeculativeDecoder:
             while emitter.stop_reason is None:
                 if gate is not None and batch_size is not None:
                     gate.batch = batch_size()
-                record, emitted = yield from self._round(context, emitter, rng, gate)
+                record, emitted = yield from self._round(context, emitter, rng, gate, harm)
                 records.append(record)
                 context.extend(emitted)
                 if emitted:
@@ -260,6 +266,7 @@ class SpeculativeDecoder:
         )
 
     def _round(self, context: list[int], emitter: _Emitter, rng: np.random.Generator, gate: CostGate | None,
+               harm: DoNoHarm | None = None,
                ) -> Generator[VerifyRequest, TargetLogits | Verified | None, tuple[RoundRecord, list[int]]]:
         """One round.  The first also reads the prompt (its `unread` rows) in the verify forward."""
         seconds: dict[str, float] = {}
@@ -267,8 +274,10 @@ class SpeculativeDecoder:
                               emitter.limit - len(emitter.tokens), self.target.info.max_verify_rows)
         unread = context[self.target.cached_len : -1]  # the prompt in round 1, then nothing
         reads_prompt = bool(unread)
+        # a round that reads the prompt is no decoding step: the guard neither plays nor prices it
+        arm, explored = harm.play(1) if harm is not None and not reads_prompt else (Arm.SPECULATE, False)
         clock = time.perf_counter()
-        asked = bool(self.proposers) and limits.max_depth > 0
+        asked = bool(self.proposers) and limits.max_depth > 0 and arm is Arm.SPECULATE
         results = []
         for proposer in self.proposers if asked else ():
             results.append(proposer.propose(context, self.manifest.hash, max_depth=limits.max_depth))
@@ -329,7 +338,10 @@ class SpeculativeDecoder:
             gated=gated,
             reads_prompt=reads_prompt,
             detail={key: value for result in results for key, value in result.seconds.items()},
+            guard_plain=arm is Arm.PLAIN,
         )
+        if harm is not None and not reads_prompt:
+            harm.observe(1, arm, emitted_count, record.total_seconds, explored)
         return record, emitter.tokens[-emitted_count:] if emitted_count else []
 
 

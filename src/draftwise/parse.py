@@ -20,7 +20,7 @@ from draftwise.paths import is_dir
 from draftwise.proposers.family import DrafterRegistry
 from draftwise.proposers.registry import DRAFTERS
 from draftwise.spec import (CALIBRATION_WORKLOAD, AutoDrafter, AutoGate, DecoderSpec, Drafter, DrafterSpec,
-                            GatePolicy, GateProfile, Strict)
+                            GatePolicy, GateProfile, Guard, Strict)
 from draftwise.topology.compile import TreeLimits
 
 
@@ -132,6 +132,6 @@ def spec_from_options(values: Mapping[str, str], base: DecoderSpec = DecoderSpec
         dtype=cast(DtypeChoice, check_dtype(values["dtype"])) if "dtype" in values else base.dtype,
         strict=Strict.parse(values["strict"]) if "strict" in values else base.strict,
         max_batch=int_value(values, "batch", base.max_batch),
-        guard=bool_value(values, "guard", base.guard),
+        guard=Guard.parse(values["guard"]) if "guard" in values else base.guard,
         generation=replace(gen, limits=limits, exact=bool_value(values, "exact", gen.exact)),
     )

@@ -22,6 +22,7 @@ from draftwise.engine import GenerationConfig
 from draftwise.errors import InputError
 from draftwise.models import DEFAULT_MODEL
 from draftwise.options import config_items
+from draftwise.batch_control import DoNoHarmConfig
 from draftwise.proposers.family import CandidateShape, DrafterFamily
 from draftwise.proposers.registry import DRAFTERS
 from draftwise.topology.compile import TreeLimits
@@ -118,6 +119,23 @@ class Strict(Enum):
             raise InputError(f"strict={word!r}: choose true, false, chains or trees") from None
 
 
+class Guard(Enum):
+    """The do-no-harm guard (`guard=`, `draftwise.batch_control`): where each round may fall back
+    to a plain step because plain steps measured more committed tokens per second."""
+
+    BATCH = "batch"  # batches only (the default): a shared forward's rows compete with other requests'
+    ON = "true"  # single requests too: a request's own rounds, with a small exploration budget
+    OFF = "false"  # speculate in every round
+
+    @classmethod
+    def parse(cls, word: str) -> "Guard":
+        aliases = {"1": cls.ON, "yes": cls.ON, "on": cls.ON, "0": cls.OFF, "no": cls.OFF, "off": cls.OFF}
+        try:
+            return aliases.get(word.lower()) or cls(word.lower())
+        except ValueError:
+            raise InputError(f"guard={word!r}: choose batch (the default), true or false") from None
+
+
 @dataclass(frozen=True)
 class DecoderSpec:
     """Everything that names one decoding configuration."""
@@ -134,9 +152,9 @@ class DecoderSpec:
     strict: Strict = Strict.OFF  # llama.cpp: kernels whose verify rows equal plain decoding's bit for bit
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     max_batch: int = 1  # requests a batch decoder of this spec holds at once (`batch=`): the gate is planned for it
-    # batched decoding: each round speculates or decodes plainly by which the rounds measured to commit
-    # more tokens per second at that batch size (`draftwise.batch_control`); `guard=false` speculates always
-    guard: bool = True
+    # each round speculates or decodes plainly by which the rounds measured to commit more tokens per
+    # second (`draftwise.batch_control`): in batches (the default), everywhere (true) or nowhere (false)
+    guard: Guard = Guard.BATCH
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -203,8 +221,8 @@ class DecoderSpec:
             parts.append(f"strict={self.strict.value}")
         if self.max_batch > 1:
             parts.append(f"batch={self.max_batch}")
-        if not self.guard:
-            parts.append("guard=false")
+        if self.guard is not Guard.BATCH:
+            parts.append(f"guard={self.guard.value}")
         if not self.generation.exact:
             parts.append("exact=false (HEURISTIC verifier allowed: outputs are not the target's distribution)")
         return ", ".join(p for p in parts if p)
@@ -233,6 +251,7 @@ def fitted_generation(spec: DecoderSpec) -> GenerationConfig:
     the 16-deep default verified 17 tokens per round where transformers verifies 21."""
     nodes, depth = proposal_shape(spec)
     limits = spec.generation.limits
+    generation = replace(spec.generation, guard=DoNoHarmConfig()) if spec.guard is Guard.ON else spec.generation
     if nodes <= limits.max_nodes and depth <= limits.max_depth:
-        return spec.generation
-    return replace(spec.generation, limits=TreeLimits(max(limits.max_nodes, nodes), max(limits.max_depth, depth)))
+        return generation
+    return replace(generation, limits=TreeLimits(max(limits.max_nodes, nodes), max(limits.max_depth, depth)))

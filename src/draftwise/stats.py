@@ -33,6 +33,7 @@ class RoundRecord:
     depth_limit: int = 0  # the deepest candidate this round could verify (context and max_new_tokens); 0 if not asked
     # the proposers' own split of their phase (a head stage per level): inside `seconds`, not added to it
     detail: dict[str, float] = field(default_factory=dict)
+    guard_plain: bool = False  # the do-no-harm guard made this round a plain step (nothing proposed)
 
     @property
     def total_seconds(self) -> float:
@@ -59,6 +60,7 @@ class GenerationStats:
     max_provisional_kv_bytes: int  # the most KV a round held provisionally (the verify's own rows)
     # mean seconds per round that asked, of each part of the proposers' time (e.g. head1, head2)
     detail_per_round: dict[str, float] = field(default_factory=dict)
+    guard_plain_rounds: int = 0  # rounds the do-no-harm guard made plain steps
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,6 +93,7 @@ def summarize(records: list[RoundRecord], new_tokens: int, wall_seconds: float) 
         max_kv_bytes=max((r.kv_bytes for r in records), default=0),
         max_provisional_kv_bytes=max((r.provisional_kv_bytes for r in records), default=0),
         detail_per_round=_detail(records),
+        guard_plain_rounds=sum(r.guard_plain for r in records),
     )
 
 
