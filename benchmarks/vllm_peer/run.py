@@ -25,6 +25,7 @@ from draftwise.engine import GenerationConfig
 from draftwise.spec import DecoderSpec
 from draftwise.vllm.checkpoint import vllm_checkpoint
 from draftwise.vllm.methods import parse_method
+from draftwise.vllm.predict import accepted_prefix
 from draftwise.vllm.protocol import WorkerRequest
 from draftwise.vllm.runner import VllmEnvironment, run_worker
 from draftwise.workloads import first_turn_prompts
@@ -68,22 +69,13 @@ def run_draftwise(name: str, spec: DecoderSpec, base, prompts: list[list[int]], 
     return cells
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def compare(cell: dict, reference: dict | None) -> dict:
     """Requests whose tokens differ from the reference's, and the shortest agreeing prefix."""
     if reference is None:
         return {"mismatches": None, "min_common_prefix": None}
     pairs = list(zip(cell["tokens"], reference["tokens"]))
     return {"mismatches": sum(list(a) != list(b) for a, b in pairs),
-            "min_common_prefix": min(common_prefix(list(a), list(b)) for a, b in pairs)}
+            "min_common_prefix": min(accepted_prefix(list(a), list(b)) for a, b in pairs)}
 
 
 def rate(cell: dict | None) -> float | None:
