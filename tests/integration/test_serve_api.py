@@ -20,14 +20,13 @@ from tests.integration.serve_process import MODEL, MODEL_ARGS, metric, start, wa
 
 pytestmark = pytest.mark.model
 
-MAX_NEW = 16
+MAX_NEW = 12
 MAX_TOKENS_LIMIT = 512
 MAX_BODY = 64 * 1024
 COMPLETION_PROMPTS = ["def fibonacci(n):", "The capital of France is", "import numpy as np\n\ndef mean(xs):",
-                      "Once upon a time", "for i in range(10):\n    print(i)\nfor i in range(10):",
-                      "SELECT name FROM users WHERE"]
-CHAT_PROMPTS = ["Say hello.", "What is 2 + 2?", "Name a color.", "Write a haiku about rain.",
-                "Give me one word for happy.", "What is Python?"]
+                      "for i in range(10):\n    print(i)\nfor i in range(10):", "SELECT name FROM users WHERE"]
+CHAT_PROMPTS = ["Say hello.", "What is 2 + 2?", "Write a haiku about rain.", "Give me one word for happy.",
+                "What is Python?"]
 
 
 @pytest.fixture(scope="module")
@@ -154,8 +153,9 @@ def test_seeded_sampling_is_reproducible(server):
 def test_stop_strings_are_left_out(server, reference):
     prompt = COMPLETION_PROMPTS[0]
     full, _ = expected(reference, prompt, False, MAX_NEW)
-    stop = full[len(full) // 2: len(full) // 2 + 3]
-    assert stop.strip(), full
+    words = [w for w in full.split() if len(w) >= 2]
+    assert len(words) >= 2, full
+    stop = words[len(words) // 2]  # a word from the answer's middle: the answer must end right before it
     want = full[: full.find(stop)]
     whole = client(server).completions.create(model=MODEL, prompt=prompt, max_tokens=MAX_NEW, temperature=0,
                                               stop=[stop, "\u0000never"])
@@ -278,7 +278,8 @@ def test_load_every_answer_complete_and_identical_to_its_own_decode(server, refe
 
     async def one(i: int):
         chat = i % 2 == 1
-        prompt = (CHAT_PROMPTS if chat else COMPLETION_PROMPTS)[(i // 2) % 6]
+        prompts = CHAT_PROMPTS if chat else COMPLETION_PROMPTS
+        prompt = prompts[(i // 2) % len(prompts)]
         max_tokens, stream = 3 + (i * 5) % 8, i % 4 >= 2
         args = dict(model=MODEL, max_tokens=max_tokens, temperature=0)
         async with gate:
