@@ -82,7 +82,7 @@ def markdown(results: dict[str, Any], rows: list[Row], plots: list[Path]) -> str
     lines = [f"# Serving benchmark: {s['target']}", "",
              f"{s['num_prompts']} prompts of `{s['workload']}` (first turns, /v1/{s['endpoint']}), {s['max_tokens']} "
              f"max tokens, temperature {s['temperature']}, seed {s['seed']}, draftwise backend {s['backend']}, "
-             f"{env['threads']} threads per server, servers one at a time, {s['repeats']} repeat(s).", "",
+             f"{env['threads']} thread(s) per server, servers one at a time, {s['repeats']} repeat(s).", "",
              "Servers: " + "; ".join(f"`{n}` = {d}" for n, d in servers.items()) + ".", "",
              *table(rows), "", DEFINITIONS, ""]
     if counted:
