@@ -83,10 +83,11 @@ def test_export_artifact_round_trips_and_verification_reports_the_error(tmp_path
     method = load_exported_method(out)
     assert method.speculative_config == spec
     results = [BatchResult("vllm-plain", 1, ((1, 2),), 1.0, 20), BatchResult("vllm-exported", 1, ((1, 2),), 1.0, 30),
-               BatchResult("vllm-ngram", 1, ((1, 2),), 1.0, 22)]
+               BatchResult("vllm-ngram", 1, ((1, 2),), 1.0, 22), BatchResult("vllm-exported-custom", 1, ((1, 2),), 1.0, 25)]
     (row,) = verify_rows(choices, results, "vllm-exported", "vllm-ngram")
     assert row["measured"] == pytest.approx(1.5) and row["error"] == pytest.approx(1.5 / 1.25 - 1)
     assert row["default_vs_plain"] == pytest.approx(1.1) and row["identical_to_plain"] == 1
+    assert row["custom_vs_plain"] == pytest.approx(1.25)
     assert json.loads((out / "manifest.json").read_text())["kind"] == "vllm_export"
 
 

@@ -120,7 +120,8 @@ def verify_rows(choices: Sequence[BatchChoice], results: Sequence[BatchResult], 
     find = {(r.method, r.batch): r for r in results}
     rows = []
     for choice in choices:
-        plain, mine, base = (find.get((m, choice.batch)) for m in ("vllm-plain", exported, default))
+        plain, mine, base, custom = (find.get((m, choice.batch)) for m in ("vllm-plain", exported, default,
+                                                                            "vllm-exported-custom"))
         if plain is None or mine is None:
             continue
         measured = mine.tokens_per_s / plain.tokens_per_s
@@ -128,6 +129,7 @@ def verify_rows(choices: Sequence[BatchChoice], results: Sequence[BatchResult], 
                      "exported_tok_s": mine.tokens_per_s, "default_tok_s": base.tokens_per_s if base else None,
                      "predicted": choice.predicted, "measured": measured,
                      "default_vs_plain": base.tokens_per_s / plain.tokens_per_s if base else None,
+                     "custom_vs_plain": custom.tokens_per_s / plain.tokens_per_s if custom else None,
                      "error": measured / choice.predicted - 1.0,
                      "identical_to_plain": sum(a == b for a, b in zip(mine.tokens, plain.tokens)),
                      "requests": len(plain.tokens)})
@@ -136,12 +138,14 @@ def verify_rows(choices: Sequence[BatchChoice], results: Sequence[BatchResult], 
 
 def verify_report(rows: Sequence[dict[str, Any]], default: str) -> str:
     lines = ["| B | K | plain tok/s | exported tok/s | predicted x plain | measured x plain | error "
-             f"| {default} x plain | exported greedy = plain |", "|---|---|---|---|---|---|---|---|---|"]
+             f"| {default} x plain | as custom_class x plain | exported greedy = plain |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        default_ratio = f"{r['default_vs_plain']:.2f}" if r["default_vs_plain"] is not None else ""
+        default_ratio, custom_ratio = (f"{r[key]:.2f}" if r.get(key) is not None else ""
+                                       for key in ("default_vs_plain", "custom_vs_plain"))
         lines.append(f"| {r['batch']} | {r['k']} | {r['plain_tok_s']:.1f} | {r['exported_tok_s']:.1f} "
                      f"| {r['predicted']:.2f} | {r['measured']:.2f} | {r['error']:+.0%} | {default_ratio} "
-                     f"| {r['identical_to_plain']}/{r['requests']} |")
+                     f"| {custom_ratio} | {r['identical_to_plain']}/{r['requests']} |")
     return "\n".join(lines) + "\n"
 
 
