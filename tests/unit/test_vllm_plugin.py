@@ -135,3 +135,24 @@ def test_profiling_methods_and_requests():
     assert VllmEnvironment(threads_bind="0-3,6").compute_threads == 5
     missing = VllmEnvironment(venv=Path("/nonexistent/.venv-vllm")).missing()
     assert missing is not None and "setup_vllm.sh" in missing
+
+
+def test_bench_executor_turns_and_batches_from_a_session():
+    from draftwise.vllm.bench_executor import VllmExecutor
+    from draftwise.vllm.session import SessionReply
+
+    asked = []
+
+    def generate(batch, prompts, max_tokens):
+        asked.append((batch, len(prompts), max_tokens))
+        return SessionReply(tuple((7, 8, 2)[: 2 + i % 2] for i in range(len(prompts))), 0.1)
+
+    tokenizer = SimpleNamespace(chat_prompt=lambda messages: [1, 2], detokenize=lambda ids: "".join(map(str, ids)),
+                                info=SimpleNamespace(eos_token_ids=frozenset({2})))
+    executor = VllmExecutor("method", generate, tokenizer, max_new_tokens=16)
+    turn = executor.run([1, 2, 3])
+    assert turn.tokens == (7, 8) and turn.text == "78" and turn.accept_lengths is None and asked[-1] == (1, 1, 16)
+    cell = executor.run_batch([("a", [1]), ("b", [2]), ("c", [3])], batch=2, max_new_tokens=4)
+    assert asked[-1] == (2, 3, 4)
+    assert [r.question_id for r in cell.requests] == ["a", "b", "c"] and cell.requests[1].tokens == (7, 8, 2)
+    assert all(r.chunk_tokens == (len(r.tokens),) for r in cell.requests)
