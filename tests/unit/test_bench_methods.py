@@ -230,3 +230,25 @@ def test_kangaroo_eta_auto_is_a_bench_method_too():
     assert parse_method("k=dw:proposer=kangaroo", DEFAULTS).decoder.family_config.eta == 0.6  # not the default
     with pytest.raises(MethodError, match=r"\[0, 1\), got 1.5"):
         parse_method("k=dw:proposer=kangaroo,eta=1.5", DEFAULTS)
+
+
+def test_vllm_methods_are_parsed_with_their_own_strings_and_checked_against_vllm_plain():
+    methods = [parse_method(t, DEFAULTS) for t in (
+        "vllm-plain", "ng=vllm-ngram:k=4,ngram=3", "vllm-custom=prompt-lookup:k=4", "mine=vllm-custom=prompt-lookup",
+        "dwp=dw:proposer=none,backend=transformers")]
+    assert [(m.name, m.kind, m.vllm) for m in methods[:4]] == [
+        ("vllm-plain", "vllm", "vllm-plain"), ("ng", "vllm", "vllm-ngram:k=4,ngram=3"),
+        ("vllm-custom=prompt-lookup:k=4", "vllm", "vllm-custom=prompt-lookup:k=4"),
+        ("mine", "vllm", "vllm-custom=prompt-lookup")]
+    # vLLM's kernels are not draftwise's: its methods are checked against vLLM's own plain decoding
+    refs = references(methods)
+    assert refs["ng"] == refs["mine"] == "vllm-plain" and refs["dwp"] == "dwp"
+    assert "vLLM" in methods[1].describe()
+
+
+@pytest.mark.parametrize("text,words", [("vllm-ngram:k=0", "k must be >= 1"), ("vllm-bogus", "unknown vLLM method"),
+                                        ("x=vllm-custom=rest", "not supported yet"),
+                                        ("vllm-ngram:depth=3", "takes")])
+def test_a_bad_vllm_method_is_refused_before_anything_loads(text, words):
+    with pytest.raises(MethodError, match=words):
+        parse_method(text, DEFAULTS)

@@ -21,7 +21,7 @@ from draftwise.bench.cells import CellRun
 from draftwise.bench.closed_loop import run_closed_loop
 from draftwise.bench.methods import MethodSpec
 from draftwise.bench.outputs import EmitClock, TurnOutput
-from draftwise.bench.pool import ModelPool
+from draftwise.bench.pool import ModelPool, ModelUnavailable
 from draftwise.engine import GenerationConfig
 from draftwise.stats import PHASES
 
@@ -110,6 +110,8 @@ def prepare(method: MethodSpec, pool: ModelPool, generation: GenerationConfig) -
         if opened.choices:
             method = replace(method, decoder=opened.spec, draft=opened.spec.draft if opened.spec.uses_draft_model else None)
         return DraftwiseExecutor(method, opened)
+    if method.kind == "vllm":
+        return _vllm_executor(method, pool, generation)
     from draftwise.bench.peers import HfExecutor, LlamaCppExecutor
 
     if method.backend == "transformers":
@@ -119,3 +121,21 @@ def prepare(method: MethodSpec, pool: ModelPool, generation: GenerationConfig) -
     llama = pool.llama(method.target, method.peer_lookup_tokens, draftwise_context=method.fed_like_draftwise)
     tokenizer = pool.backend(method.target, "llamacpp")  # same chat rendering and EOS set as draftwise's llama.cpp methods
     return LlamaCppExecutor(method, llama, tokenizer, generation)
+
+
+def _vllm_executor(method: MethodSpec, pool: ModelPool, generation: GenerationConfig) -> Executor:
+    """vLLM in its own environment (.venv-vllm): one kept-loaded engine per batch size, closed
+    when the run ends; ModelUnavailable where that environment is absent."""
+    from draftwise.vllm.bench_executor import VllmExecutor, VllmSessions
+    from draftwise.vllm.checkpoint import vllm_checkpoint
+    from draftwise.vllm.methods import parse_method as parse_vllm
+    from draftwise.vllm.runner import SETUP_HINT, VllmEnvironment
+
+    environment = VllmEnvironment()
+    if not environment.python.is_file():
+        raise ModelUnavailable(f"{method.name}: vLLM's environment is absent ({SETUP_HINT})")
+    assert method.vllm is not None
+    sessions = VllmSessions(str(vllm_checkpoint(method.target)), method.dtype, parse_vllm(method.vllm),
+                            environment=environment)
+    tokenizer = pool.backend(method.target, "transformers")  # the same chat rendering and EOS set
+    return VllmExecutor(method, sessions.generate, tokenizer, generation.max_new_tokens, close=sessions.close)

@@ -79,8 +79,14 @@ def run_bench(settings: BenchSettings, out: Path, resume: bool = False, console:
                 console.print(f"bench {done}/{total}: {method} answered {question_id} "
                               f"({(time.perf_counter() - started) / 60:.1f} min)", highlight=False)
 
-        run_questions(plan, executors, store, advance)
-        run_concurrency(plan, executors, cells, lambda method, batch: advance(method, f"B={batch}"))
+        try:
+            run_questions(plan, executors, store, advance)
+            run_concurrency(plan, executors, cells, lambda method, batch: advance(method, f"B={batch}"))
+        finally:
+            for executor in executors.values():  # what runs in processes of its own (vLLM's engines) ends here
+                close = getattr(executor, "close", None)
+                if callable(close):
+                    close()
     record_session()
     return finish(out)
 

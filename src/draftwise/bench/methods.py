@@ -44,6 +44,7 @@ PEER_BACKEND = {p: ("transformers" if p.startswith("hf-") else "llamacpp") for p
 PEER_LOOKUP_TOKENS = 10  # transformers' and llama-cpp-python's usual prompt-lookup length
 _PEER_KEYS = {"hf-plain": {"target"}, "hf-assisted": {"target", "draft"}, "hf-prompt-lookup": {"target", "tokens"},
               "llamacpp-plain": {"target", "feed"}, "llamacpp-prompt-lookup": {"target", "tokens"}}
+VLLM_KINDS_WITH_VALUE = ("vllm-custom", "vllm-export", "vllm-export-custom")  # their strings hold '=' themselves
 FEEDS = ("generate", "draftwise")  # how llamacpp-plain feeds the prompt (peers.py): as users run it, or like draftwise
 
 
@@ -71,12 +72,15 @@ class MethodSpec:
     lookup_tokens: int = PEER_LOOKUP_TOKENS  # prompt-lookup peers only
     feed: str = "generate"  # llamacpp-plain only: one of FEEDS
     dtype: DtypeChoice = DEFAULT_DTYPE  # transformers methods: the run's (`with_run_dtype`)
+    vllm: str | None = None  # kind "vllm": the vLLM method string (`draftwise.vllm.methods.parse_method`)
 
     @property
     def is_plain(self) -> bool:
         """A method that proposes nothing: the reference its backend's other methods are checked against."""
         if self.kind == "dw":
             return self.decoder is not None and self.decoder.drafter is None
+        if self.kind == "vllm":
+            return self.vllm == "vllm-plain"
         return self.kind in ("hf-plain", "llamacpp-plain")
 
     @property
@@ -94,9 +98,13 @@ class MethodSpec:
         """Methods of one family must produce the same greedy tokens (strict llama.cpp methods
         form their own family: their plain decoding runs other kernels than the default's)."""
         scope = self.decoder.strict_scope if self.kind == "dw" and self.decoder is not None else None
+        if self.kind == "vllm":  # vLLM's kernels: its methods are checked against vLLM's plain decoding
+            return ("vllm", self.target)
         return (self.backend + (f" strict {scope}" if scope else ""), self.target)
 
     def describe(self) -> str:
+        if self.kind == "vllm":
+            return f"{self.vllm} (vLLM, target={self.target}, dtype={self.dtype})"
         if self.kind != "dw":
             extra = f", draft={self.draft}" if self.kind == "hf-assisted" else ""
             extra += f", tokens={self.lookup_tokens}" if self.kind.endswith("prompt-lookup") else ""
@@ -118,15 +126,20 @@ def parse_method(text: str, defaults: MethodDefaults) -> MethodSpec:
     name, sep, config = text.partition("=")
     if not sep or ":" in name or "," in name:  # "dw:proposer=none" has its first '=' inside the config
         name, config = text, text
+    elif name.strip() in VLLM_KINDS_WITH_VALUE and not config.startswith("vllm-"):  # vllm-custom=prompt-lookup
+        name, config = text, text
     name, config = name.strip(), config.strip()
     if not name:
         raise MethodError(f"--method {text!r}: empty name")
+    if config.startswith("vllm-"):
+        return _vllm_method(name, config, defaults)
     kind, values = _read_config(config)
     if kind == "dw":
         return _dw_method(name, values, defaults)
     if kind in PEERS:
         return _peer_method(name, kind, values, defaults)
-    raise MethodError(f"--method {text!r}: unknown method {kind!r}; choose dw or one of {', '.join(PEERS)}")
+    raise MethodError(f"--method {text!r}: unknown method {kind!r}; choose dw, one of {', '.join(PEERS)}, or a "
+                      "vllm-... method (docs/vllm.md)")
 
 
 def _read_config(config: str) -> tuple[str, dict[str, str]]:
@@ -193,6 +206,17 @@ def _dw_method(name: str, values: dict[str, str], defaults: MethodDefaults) -> M
         raise MethodError(f"method {name!r}: {exc}") from exc
     return MethodSpec(name=name, kind="dw", backend=spec.backend, target=spec.target, draft=spec.draft, decoder=spec)
 
+
+
+def _vllm_method(name: str, config: str, defaults: MethodDefaults) -> MethodSpec:
+    """A vLLM method (run in .venv-vllm by `draftwise.vllm`), parsed now so a bad string fails before any load."""
+    from draftwise.vllm.methods import parse_method as parse_vllm
+
+    try:
+        parse_vllm(config)
+    except DraftwiseError as exc:
+        raise MethodError(f"method {name!r}: {exc}") from exc
+    return MethodSpec(name=name, kind="vllm", backend="transformers", target=defaults.target, vllm=config)
 
 
 def _peer_method(name: str, kind: str, values: dict[str, str], defaults: MethodDefaults) -> MethodSpec:

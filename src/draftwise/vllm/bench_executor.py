@@ -48,14 +48,20 @@ class VllmSessions:
 
 
 class VllmExecutor:
-    def __init__(self, method: object, generate: Generate, tokenizer: Backend, max_new_tokens: int) -> None:
+    def __init__(self, method: object, generate: Generate, tokenizer: Backend, max_new_tokens: int,
+                 close: Callable[[], None] | None = None) -> None:
         self.method = method  # the bench's MethodSpec
         self._generate = generate
+        self._close = close  # ends the engines' processes (the bench calls it when the run ends)
         self.tokenizer = tokenizer  # draftwise's backend of the same model: chat template and EOS set
         self.max_new_tokens = max_new_tokens
 
     def chat_prompt(self, messages: Sequence[dict[str, Any]]) -> list[int]:
         return self.tokenizer.chat_prompt(messages)
+
+    def close(self) -> None:
+        if self._close is not None:
+            self._close()
 
     def gate_profile(self) -> None:  # vLLM has no cost gate
         return None
