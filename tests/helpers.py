@@ -31,6 +31,29 @@ def result_from_paths(paths: Sequence[Sequence[int]], source: str = "test", mani
     return ProposalResult(nodes=tuple(nodes), contract=contract, source=source, manifest_hash=manifest_hash)
 
 
+class StubProposer:
+    """The proposer role's bookkeeping for a test proposer: it learns nothing and keeps no state;
+    a subclass writes `propose` (and sets `name`)."""
+
+    name = "stub"
+    phase = "propose"
+
+    @property
+    def contract(self) -> Any:
+        from draftwise.proposers.prompt_lookup import PromptLookupProposer
+
+        return PromptLookupProposer().contract  # deterministic lookup: any exact verifier takes it
+
+    def identity(self) -> dict:
+        return {"name": self.name}
+
+    def begin(self, policy: Any, rng: Any) -> None:
+        pass
+
+    def observe(self, feedback: Any) -> None:
+        pass
+
+
 class ByteEncoder:
     """A tokenizer stand-in for index tests: UTF-8 bytes are the token ids."""
 

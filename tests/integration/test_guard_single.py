@@ -17,7 +17,7 @@ from draftwise.proposers.prompt_lookup import PromptLookupProposer
 from draftwise.sampling import SamplingPolicy
 from draftwise.verify.greedy import GreedyVerifier
 from draftwise.verify.membership import MembershipVerifier
-from tests.helpers import make_spec, result_from_paths
+from tests.helpers import StubProposer, make_spec, result_from_paths
 from tests.integration.tiny_models import V, chi_square_p, exact_joint, tiny_backend
 
 PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]
@@ -28,24 +28,13 @@ def tiny():
     return tiny_backend(3)
 
 
-class SlowWrongProposer:
-    """Proposes a chain that the target never takes, slowly: speculation can only lose."""
+class SlowWrongProposer(StubProposer):
+    """Proposes a chain that the target mostly does not take, slowly: speculation can only lose."""
 
     name = "slow-wrong"
-    phase = "propose"
 
     def __init__(self, target, seconds: float) -> None:
-        self.contract = PromptLookupProposer().contract
         self.target, self.seconds, self.calls = target, seconds, 0
-
-    def identity(self):
-        return {"name": self.name}
-
-    def begin(self, policy, rng):
-        pass
-
-    def observe(self, feedback):
-        pass
 
     def propose(self, context, manifest_hash, max_depth=None):
         self.calls += 1
