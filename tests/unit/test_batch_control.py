@@ -80,3 +80,32 @@ def test_bad_settings_are_refused(bad):
 def test_a_batch_of_no_request_is_refused():
     with pytest.raises(InputError, match="at least one request"):
         DoNoHarm().play(0)
+
+
+def test_an_exploration_burst_plays_the_other_arm_that_many_rounds_and_judges_at_its_end():
+    config = DoNoHarmConfig(explore_every=8, explore_rounds=3, warmup=1, decay=0.5, stale=1.0)
+    controller = DoNoHarm(config)
+    played = run(controller, {Arm.SPECULATE: 100.0, Arm.PLAIN: 50.0}, 40)
+    # after the warm-up, speculation is chosen; each exploration is 3 plain rounds in a row
+    runs, current = [], 0
+    for arm in played[2:]:
+        if arm is Arm.PLAIN:
+            current += 1
+        elif current:
+            runs.append(current)
+            current = 0
+    assert runs and all(n == 3 for n in runs), played
+
+
+def test_a_stale_arm_keeps_its_past_while_the_other_plays():
+    """With stale = 1 the plain arm's estimate stays what it measured while speculation plays;
+    with stale = 0 one exploration round alone decides it (what made a short memory noisy)."""
+    for stale, expected in ((1.0, 75.0), (0.0, 10.0)):
+        controller = DoNoHarm(DoNoHarmConfig(warmup=1, decay=0.9, stale=stale))
+        controller.observe(1, Arm.PLAIN, 75, 1.0, False)
+        for _ in range(20):
+            controller.observe(1, Arm.SPECULATE, 100, 1.0, False)
+        controller.observe(1, Arm.PLAIN, 10, 1.0, True)
+        estimate = controller.estimates(1)[Arm.PLAIN]
+        want = (0.9 * 75 + 10) / 1.9 if stale == 1.0 else expected
+        assert estimate == pytest.approx(want)
