@@ -23,7 +23,8 @@ from draftwise.errors import InputError
 from draftwise.gate import CostGateConfig
 from draftwise.proposers.base import Proposer
 from draftwise.proposers.family import DrafterFamily, DrafterResources
-from draftwise.spec import AutoGate, Choice, DecoderSpec, GateProfile, Guard, concrete_drafter, fitted_generation
+from draftwise.spec import (AutoGate, Choice, DecoderSpec, GateProfile, Guard, concrete_drafter, fitted_generation,
+                            members)
 from draftwise.text_stream import TextPieces
 from draftwise.verify.registry import make_verifier
 
@@ -123,10 +124,8 @@ def build(plan: Plan) -> Decoder:
 
 
 def make_proposers(spec: DecoderSpec, target: Backend, draft: Backend | None = None) -> list[Proposer]:
-    drafter = concrete_drafter(spec)
-    if drafter is None:
-        return []
-    return [drafter.family.make(drafter.config, DrafterResources(target, draft))]
+    resources = DrafterResources(target, draft)
+    return [member.family.make(member.config, resources) for member in members(concrete_drafter(spec))]
 
 
 def gate_config(spec: DecoderSpec, target: Backend | BatchBackend) -> CostGateConfig | None:
@@ -171,14 +170,15 @@ def batch_decoder(spec: DecoderSpec, target: BatchBackend, draft: Backend | None
     from draftwise.backends.batch import keeps_hidden
 
     drafter = concrete_drafter(spec)
-    own_draft = drafter is not None and drafter.family.needs_draft_model
-    heads_here = drafter is not None and drafter.family.reads_hidden and keeps_hidden(target)
-    if drafter is not None and not (drafter.family.batched or own_draft or heads_here):
-        families = ", ".join(f.name for f in _batched_families())
-        why = ("reads the target's hidden states, which this backend's batch slots do not keep"
-               if drafter.family.reads_hidden else "runs the target's own layers as its draft")
-        raise InputError(f"proposer {drafter.name} {why}; batched decoding on {target.info.name} runs {families}, "
-                         f"draft-model{', the head families' if keeps_hidden(target) else ''} or none")
+    own_draft = drafter is not None and spec.uses_draft_model
+    for member in members(drafter):  # every source of a union runs per request too
+        family = member.family
+        if not (family.batched or family.needs_draft_model or (family.reads_hidden and keeps_hidden(target))):
+            families = ", ".join(f.name for f in _batched_families())
+            why = ("reads the target's hidden states, which this backend's batch slots do not keep"
+                   if family.reads_hidden else "runs the target's own layers as its draft")
+            raise InputError(f"proposer {member.name} {why}; batched decoding on {target.info.name} runs {families}, "
+                             f"draft-model{', the head families' if keeps_hidden(target) else ''} or none")
     if own_draft:  # refused before any work where a request cannot have a draft model of its own
         if draft is None:
             raise InputError("proposer draft-model needs a draft model (--draft MODEL)")

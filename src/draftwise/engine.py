@@ -339,6 +339,7 @@ class SpeculativeDecoder:
             reads_prompt=reads_prompt,
             detail={key: value for result in results for key, value in result.seconds.items()},
             guard_plain=arm is Arm.PLAIN,
+            by_source=source_ledger(self.proposers, round_, selection.accepted_rows[:emitted_count]) if asked else (),
         )
         if harm is not None and not reads_prompt:
             harm.observe(1, arm, emitted_count, record.total_seconds, explored)
@@ -352,6 +353,18 @@ def feedback_for(source: int, result: ProposalResult, verified: CompiledRound, a
     row_to_node = {int(row): node for node, row in enumerate(verified.origin[source]) if row >= 0}
     accepted = tuple(row_to_node[r] for r in accepted_rows if r in row_to_node)
     return RoundFeedback(result, accepted, tuple(int(t) for t in published))
+
+
+def source_ledger(proposers: Sequence[Proposer], verified: CompiledRound, accepted_rows: Sequence[int],
+                  ) -> tuple[tuple[str, int, int], ...]:
+    """(name, verified rows it proposed, accepted rows it proposed) per proposer: `verified`'s
+    origin says which rows each one's nodes landed on (a gate's or the batch's cut included)."""
+    accepted = {int(r) for r in accepted_rows}
+    ledger = []
+    for proposer, rows in zip(proposers, verified.origin):
+        mine = {row for row in rows if row >= 0}
+        ledger.append((proposer.name, len(mine), len(mine & accepted)))
+    return tuple(ledger)
 
 
 def round_limits(limits: TreeLimits, context_len: int, context_length: int, remaining: int,

@@ -19,8 +19,8 @@ from draftwise.options import config_keys, parse_config
 from draftwise.paths import is_dir
 from draftwise.proposers.family import DrafterRegistry
 from draftwise.proposers.registry import DRAFTERS
-from draftwise.spec import (CALIBRATION_WORKLOAD, AutoDrafter, AutoGate, DecoderSpec, Drafter, DrafterSpec,
-                            GatePolicy, GateProfile, Guard, Strict)
+from draftwise.spec import (CALIBRATION_WORKLOAD, UNION_SEPARATOR, AutoDrafter, AutoGate, DecoderSpec, Drafter,
+                            DrafterSpec, GatePolicy, GateProfile, Guard, Strict, UnionDrafter)
 from draftwise.topology.compile import TreeLimits
 
 
@@ -41,6 +41,8 @@ def parse_drafter(name: str, values: Mapping[str, str], registry: DrafterRegistr
         return None
     if name == "auto":
         return _parse_auto(values, registry, calibration)
+    if UNION_SEPARATOR in name:
+        return _parse_union(name, values, registry)
     family = registry.get(name)
     own = set(config_keys(family.config))
     foreign = sorted(set(values) - own)
@@ -49,6 +51,29 @@ def parse_drafter(name: str, values: Mapping[str, str], registry: DrafterRegistr
         said = "; ".join(f"{k} configures {', '.join(o) or 'nothing'}" for k, o in owners.items())
         raise InputError(f"proposer {name}: {said}, not {name}; its keys: {', '.join(sorted(own)) or 'none'}")
     return DrafterSpec(family, parse_config(family.config, values, f"proposer {name}"))
+
+
+def _parse_union(name: str, values: Mapping[str, str], registry: DrafterRegistry) -> UnionDrafter:
+    """`a+b[+c]`: each member takes the given keys it declares (a key two members declare
+    configures both); a key no member declares is refused."""
+    words = [w.strip() for w in name.split(UNION_SEPARATOR)]
+    if any(w in ("", "none", "auto") for w in words):
+        raise InputError(f"proposer {name}: a union joins registered families with '+' "
+                         f"({', '.join(registry.names())}); none and auto cannot be members")
+    families = [registry.get(w) for w in words]
+    on_target = [f.name for f in families if f.drafts_on_target]
+    if on_target:
+        raise InputError(f"proposer {name}: {', '.join(on_target)} drafts with the target's own layers and is not "
+                         "combined with other sources (its draft and verify share the target's state)")
+    owned = {k for f in families for k in config_keys(f.config)}
+    foreign = sorted(set(values) - owned)
+    if foreign:
+        raise InputError(f"proposer {name}: {', '.join(foreign)} configures none of {', '.join(words)}; "
+                         f"their keys: {', '.join(sorted(owned)) or 'none'}")
+    return UnionDrafter(tuple(
+        DrafterSpec(f, parse_config(f.config, {k: v for k, v in values.items() if k in config_keys(f.config)},
+                                    f"proposer {name} ({f.name})"))
+        for f in families))
 
 
 def _parse_auto(values: Mapping[str, str], registry: DrafterRegistry, calibration: str | None) -> AutoDrafter:

@@ -29,7 +29,7 @@ from draftwise.models import cache_dir
 from draftwise.preflight import preflight
 from draftwise.proposers.kangaroo import AutoAdapter, AutoEta, KangarooConfig
 from draftwise.spec import (CALIBRATION_WORKLOAD, AutoDrafter, AutoGate, Choice, DecoderSpec, DrafterSpec, GateProfile,
-                            fitted_generation, proposal_shape)
+                            UnionDrafter, fitted_generation, proposal_shape)
 from draftwise.topology.templates import from_paths
 from draftwise.topology.tree_spec import AutoTree, TreeArtifact, TreeTemplate
 from draftwise.workloads import first_turn_prompts
@@ -63,6 +63,11 @@ def check(spec: DecoderSpec) -> str:
         from draftwise.optimize.auto_proposer import auto_preflight
 
         return auto_preflight(spec)
+    if isinstance(spec.drafter, UnionDrafter):
+        planned = [m.name for m in spec.drafter.members if isinstance(_tree_of(m), (AutoTree, TreeArtifact))]
+        if planned:
+            raise InputError(f"proposer {spec.proposer}: a union takes its members' concrete shapes; {', '.join(planned)}'s "
+                             "tree is planned (auto or an artifact): plan it alone and pass its tree (--set tree=PATHS)")
     spec = with_auto_tree_relation(spec)
     tree = _tree_of(spec.drafter)
     if isinstance(tree, AutoTree):
@@ -229,7 +234,7 @@ def gate_rows_needed(spec: DecoderSpec) -> int:
 
 
 def branches(spec: DecoderSpec) -> bool:
-    return isinstance(spec.drafter, DrafterSpec) and spec.drafter.shape.branches
+    return isinstance(spec.drafter, (DrafterSpec, UnionDrafter)) and spec.drafter.shape.branches
 
 
 def _measure_gate(spec: DecoderSpec, target: Backend, root: Path) -> Path:

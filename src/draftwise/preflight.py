@@ -12,7 +12,7 @@ from draftwise.backends.dtype import DEFAULT_DTYPE
 from draftwise.contracts import ProposerContract
 from draftwise.errors import InputError
 from draftwise.gate import check_gateable
-from draftwise.spec import DecoderSpec, concrete_drafter
+from draftwise.spec import DecoderSpec, concrete_drafter, members
 from draftwise.verify.base import bind
 from draftwise.verify.registry import make_verifier
 
@@ -28,8 +28,7 @@ def unused_options(spec: DecoderSpec) -> list[str]:
 
 def planned_contracts(spec: DecoderSpec) -> list[ProposerContract]:
     """The proposers' contracts, known from the configuration alone (no model loaded)."""
-    drafter = concrete_drafter(spec)
-    return [] if drafter is None else [drafter.contract]
+    return [m.contract for m in members(concrete_drafter(spec))]
 
 
 def preflight(spec: DecoderSpec) -> str:
@@ -38,7 +37,7 @@ def preflight(spec: DecoderSpec) -> str:
     if unused:
         raise InputError("; ".join(unused))
     drafter = concrete_drafter(spec)
-    if drafter is not None and drafter.family.needs_draft_model and not spec.draft:
+    if drafter is not None and spec.uses_draft_model and not spec.draft:
         raise InputError(f"proposer {drafter.name} needs draft=MODEL (--draft: a model sharing the target's tokenizer)")
     if spec.gate is not None and drafter is None:
         raise InputError("the cost gate cuts proposals, and proposer none makes none")

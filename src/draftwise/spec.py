@@ -57,6 +57,49 @@ class DrafterSpec:
 
 
 @dataclass(frozen=True)
+class UnionDrafter:
+    """`--proposer prompt-lookup+hydra`: several registered families propose in every round.
+    The compiler merges their candidates by full prefix into one tree (each row keeps the source
+    that proposed it first, `CompiledRound.source_id`), and one verifier that every member's
+    contract satisfies checks it: greedy at temperature 0, target-sample membership when
+    sampling (a residual verifier needs one proposal distribution per row; merged rows have up
+    to one per source, so unions are never given one)."""
+
+    members: tuple[DrafterSpec, ...]  # >= 2 distinct families, in the order they propose
+
+    def __post_init__(self) -> None:
+        names = [m.name for m in self.members]
+        if len(names) < 2 or len(set(names)) != len(names):
+            raise InputError(f"a union of proposers names two or more distinct families, got {'+'.join(names)}")
+
+    @property
+    def name(self) -> str:
+        return UNION_SEPARATOR.join(m.name for m in self.members)
+
+    @property
+    def shape(self) -> CandidateShape:
+        """Every member's rows (merged rows only make it fewer); a merge of two sources branches."""
+        shapes = [m.shape for m in self.members]
+        rows = 0 if any(s.rows == 0 for s in shapes) else sum(s.rows for s in shapes)
+        depth = 0 if any(s.depth == 0 for s in shapes) else max(s.depth for s in shapes)
+        return CandidateShape(rows, depth, branches=True)
+
+    @property
+    def contracts(self) -> tuple[ProposerContract, ...]:
+        return tuple(m.contract for m in self.members)
+
+    @property
+    def needs_draft_model(self) -> bool:
+        return any(m.family.needs_draft_model for m in self.members)
+
+    def describe(self) -> str:
+        return "; ".join(f"{m.name}: {m.describe()}" for m in self.members)
+
+
+UNION_SEPARATOR = "+"
+
+
+@dataclass(frozen=True)
 class AutoDrafter:
     """`--proposer auto`: the candidates are these families' configs (the user's settings carried
     into each), plain decoding, and the free ones behind a cost gate."""
@@ -93,7 +136,17 @@ class Choice:
 
 
 GatePolicy = AutoGate | GateProfile
-Drafter = DrafterSpec | AutoDrafter
+Drafter = DrafterSpec | UnionDrafter | AutoDrafter
+ConcreteDrafter = DrafterSpec | UnionDrafter
+
+
+def members(drafter: Drafter | None) -> tuple[DrafterSpec, ...]:
+    """The families that propose in each round: none, one, or a union's members in order."""
+    if drafter is None:
+        return ()
+    if isinstance(drafter, AutoDrafter):
+        raise InputError("proposer auto is chosen after loading: plan the spec first (draftwise.open_decoder does)")
+    return drafter.members if isinstance(drafter, UnionDrafter) else (drafter,)
 
 
 def default_drafter() -> DrafterSpec:
@@ -172,8 +225,8 @@ class DecoderSpec:
     @property
     def _branches(self) -> bool:
         """Whether a round may hold a tree: a family whose shape branches, or auto (any candidate)."""
-        if isinstance(self.drafter, DrafterSpec):
-            return self.drafter.family.shape(self.drafter.config).branches
+        if isinstance(self.drafter, (DrafterSpec, UnionDrafter)):
+            return self.drafter.shape.branches
         return self.drafter is not None
 
     @property
@@ -195,6 +248,8 @@ class DecoderSpec:
         """Whether a draft model is loaded: for a family that drafts with one, or for auto (its candidate)."""
         if isinstance(self.drafter, DrafterSpec):
             return self.drafter.family.needs_draft_model
+        if isinstance(self.drafter, UnionDrafter):
+            return self.drafter.needs_draft_model
         return self.drafter is not None
 
     @property
@@ -209,8 +264,8 @@ class DecoderSpec:
     def describe(self) -> str:
         parts = [f"proposer={self.proposer}", f"backend={self.backend}", f"verifier={self.verifier}",
                  f"target={self.target}"]
-        if isinstance(self.drafter, DrafterSpec):
-            if self.drafter.family.needs_draft_model:
+        if isinstance(self.drafter, (DrafterSpec, UnionDrafter)):
+            if self.uses_draft_model:
                 parts.append(f"draft={self.draft}")
             parts.append(self.drafter.describe())
         if self.gate is not None:
@@ -228,7 +283,7 @@ class DecoderSpec:
         return ", ".join(p for p in parts if p)
 
 
-def concrete_drafter(spec: DecoderSpec) -> DrafterSpec | None:
+def concrete_drafter(spec: DecoderSpec) -> ConcreteDrafter | None:
     """The spec's drafter, refused while it is still `auto` (chosen after loading, by `draftwise.plan`)."""
     if isinstance(spec.drafter, AutoDrafter):
         raise InputError("proposer auto is chosen after loading: plan the spec first (draftwise.open_decoder does)")

@@ -34,6 +34,9 @@ class RoundRecord:
     # the proposers' own split of their phase (a head stage per level): inside `seconds`, not added to it
     detail: dict[str, float] = field(default_factory=dict)
     guard_plain: bool = False  # the do-no-harm guard made this round a plain step (nothing proposed)
+    # per proposer, in the engine's order: (its name, verified rows it proposed, accepted rows it
+    # proposed); a row two sources proposed (merged by full prefix) counts for both
+    by_source: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def total_seconds(self) -> float:
@@ -61,6 +64,10 @@ class GenerationStats:
     # mean seconds per round that asked, of each part of the proposers' time (e.g. head1, head2)
     detail_per_round: dict[str, float] = field(default_factory=dict)
     guard_plain_rounds: int = 0  # rounds the do-no-harm guard made plain steps
+    # proposer -> {"rounds": rounds it proposed in, "rows": verified rows it proposed,
+    # "accepted": accepted rows it proposed, "accepted_per_round": accepted / rounds}: which source
+    # of a union pays (a row two sources proposed counts for both)
+    by_source: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,7 +101,21 @@ def summarize(records: list[RoundRecord], new_tokens: int, wall_seconds: float) 
         max_provisional_kv_bytes=max((r.provisional_kv_bytes for r in records), default=0),
         detail_per_round=_detail(records),
         guard_plain_rounds=sum(r.guard_plain for r in records),
+        by_source=_by_source(records),
     )
+
+
+def _by_source(records: list[RoundRecord]) -> dict[str, dict[str, float]]:
+    totals: dict[str, list[int]] = {}
+    for record in records:
+        for name, rows, accepted in record.by_source:
+            total = totals.setdefault(name, [0, 0, 0])
+            total[0] += rows > 0
+            total[1] += rows
+            total[2] += accepted
+    return {name: {"rounds": n, "rows": rows, "accepted": accepted,
+                   "accepted_per_round": round(accepted / n, 4) if n else 0.0}
+            for name, (n, rows, accepted) in totals.items()}
 
 
 def _detail(records: list[RoundRecord]) -> dict[str, float]:

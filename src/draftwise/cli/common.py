@@ -133,7 +133,8 @@ DECODER_OPTIONS: dict[str, tuple[Any, Any]] = {
     "draft": (Optional[str], typer.Option(None, help="Draft model, for a proposer that drafts with one (draft-model).")),
     "backend": (str, typer.Option(DEFAULTS.backend, help="auto | transformers | llamacpp.")),
     "proposer": (str, typer.Option(DEFAULTS.proposer, help=f"{' | '.join(DRAFTERS.choices())} (auto: the best "
-                                   "predicted on this machine, from plain traces of --calibration-workload); "
+                                   "predicted on this machine, from plain traces of --calibration-workload), or several "
+                                   "joined by + (prompt-lookup+hydra: one tree merged from every source); "
                                    "`draftwise proposers` lists each one's keys.")),
     "verifier": (str, typer.Option(DEFAULTS.verifier, help=f"auto | {' | '.join(VERIFIERS)}.")),
     "allow_heuristic": (bool, typer.Option(False, "--allow-heuristic", help="Permit a heuristic (inexact) verifier.")),

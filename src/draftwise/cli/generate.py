@@ -243,6 +243,9 @@ def _report(result: GenerationResult, plain: GenerationResult | None, policy: Sa
         "mean_accepted": round(s.mean_accepted, 4),
         "mean_emitted": round(s.mean_emitted, 4),
         "acceptance_by_depth": s.acceptance_by_depth,
+        **({"acceptance_by_source": {name: f"{int(v['accepted'])}/{int(v['rows'])} rows accepted, "
+                                           f"{v['accepted_per_round']} per round"
+                                     for name, v in s.by_source.items()}} if len(s.by_source) > 1 else {}),
         "fallbacks": s.fallbacks,
         "gated_rounds": s.gated_rounds,
         "tokens_per_s": round(s.tokens_per_s, 3),
@@ -263,7 +266,8 @@ def _report(result: GenerationResult, plain: GenerationResult | None, policy: Sa
 
 def _print_stats(report: dict) -> None:
     table = Table(title="draftwise", show_header=False)
-    for key in ("new_tokens", "rounds", "mean_accepted", "acceptance_by_depth", "fallbacks", "gated_rounds",
+    for key in ("new_tokens", "rounds", "mean_accepted", "acceptance_by_depth", "acceptance_by_source", "fallbacks",
+                "gated_rounds",
                 "tokens_per_s", "time_split_ms_per_token", "verifier", "stop_reason", "ar_tokens_per_s", "speedup",
                 "speedup_range", "timed_pairs", "noise", "identical_to_ar", "exactness", "divergence", "warning"):
         if key in report:

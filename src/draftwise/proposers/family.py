@@ -55,6 +55,9 @@ class DrafterFamily(Generic[C]):
     # it reads the target's hidden states (`backends.base.supports_hidden`): a batch runs it where
     # the batch backend keeps them per slot (transformers)
     reads_hidden: bool = False
+    # it drafts with the target's own layers (layer skip, Kangaroo): its draft and the verify share
+    # the target's state, so it runs alone (no batches, no unions with other sources)
+    drafts_on_target: bool = False
     # the config whose rounds `draftwise calibrate` counts: width-W trees of depth D, children
     # drawn by the given relation (None: the family cannot be calibrated)
     calibrated: Callable[[int, int, SamplingRelation], C] | None = None

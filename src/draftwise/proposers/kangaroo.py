@@ -199,5 +199,6 @@ FAMILY = DrafterFamily(
     shape=shape,
     build=open_kangaroo,
     summary="Kangaroo: the target's first l layers + a trained adapter + its LM head, early exit below eta",
+    drafts_on_target=True,
     auto_candidate=True,  # where an adapter ships or was trained for the target; else listed as skipped
 )

@@ -194,5 +194,6 @@ FAMILY = DrafterFamily(
     shape=shape,
     build=open_layer_skip,
     summary="Draft & Verify: the target drafts with a (searched) set of attention/MLP sublayers skipped",
+    drafts_on_target=True,
     auto_candidate=True,  # with skip= given (`--proposer auto --set skip=DIR`); else listed as skipped
 )
