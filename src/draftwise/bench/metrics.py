@@ -81,6 +81,8 @@ class MethodMetrics:
     mismatches: int | None  # None: not checked (no reference answers to compare, or sampling)
     compared_turns: int  # (question, turn) pairs compared with the reference
     mismatch_examples: list[Mismatch]
+    # proposer -> {rounds, rows, accepted, accepted_per_round}: which source of a union pays
+    acceptance_by_source: dict[str, dict[str, float]] | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -246,4 +248,17 @@ def method_metrics(answers: list[Answer], reference: dict[str, Answer] | None, c
         mismatches=len(mismatches) if checked else None,
         compared_turns=compared,
         mismatch_examples=mismatches[:20],
+        acceptance_by_source=_by_source(good),
     )
+
+
+def _by_source(answers: list[Answer]) -> dict[str, dict[str, float]] | None:
+    totals: dict[str, list[int]] = {}
+    for turn in (t for a in answers for t in a.turns):
+        for name, counts in (turn.by_source or {}).items():
+            total = totals.setdefault(name, [0, 0, 0])
+            for i, n in enumerate(counts):
+                total[i] += int(n)
+    return {name: {"rounds": n, "rows": rows, "accepted": accepted,
+                   "accepted_per_round": round(accepted / n, 4) if n else 0.0}
+            for name, (n, rows, accepted) in totals.items()} or None

@@ -20,6 +20,8 @@ class TurnOutput:
     rounds: tuple[tuple[int, ...], ...] | None = None  # draftwise rounds, ROUND_FIELDS each
     phase_seconds: dict[str, float] | None = None  # draftwise phase -> total seconds
     max_kv_bytes: int | None = None  # the most KV a round held, committed rows included
+    # draftwise proposer -> [rounds it proposed in, verified rows it proposed, accepted rows it proposed]
+    by_source: dict[str, list[int]] | None = None
 
     def as_dict(self) -> dict:
         return {
@@ -31,6 +33,7 @@ class TurnOutput:
             "rounds": None if self.rounds is None else [list(r) for r in self.rounds],
             "phase_seconds": self.phase_seconds,
             "max_kv_bytes": self.max_kv_bytes,
+            "by_source": self.by_source,
         }
 
     @classmethod
@@ -47,6 +50,7 @@ class TurnOutput:
             phase_seconds=row.get("phase_seconds"),
             # "max_temp_kv_bytes" in answers written before the rename: the same quantity, misnamed
             max_kv_bytes=row.get("max_kv_bytes", row.get("max_temp_kv_bytes")),
+            by_source=row.get("by_source"),
         )
 
 

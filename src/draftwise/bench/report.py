@@ -168,6 +168,22 @@ def _split_table(summary: dict) -> list[str]:
     return lines + [""]
 
 
+def _source_table(summary: dict) -> list[str]:
+    """Per-source acceptance of the methods that merged several proposers in one round."""
+    rows = {n: m["overall"].get("acceptance_by_source") for n, m in summary["methods"].items()}
+    rows = {n: s for n, s in rows.items() if s and len(s) > 1}
+    if not rows:
+        return []
+    lines = ["## Which source pays (heterogeneous rounds)", "",
+             "| method | source | rounds proposing | rows verified | rows accepted | accepted per round |",
+             "|---|---|---|---|---|---|"]
+    for name, sources in rows.items():
+        for source, v in sources.items():
+            lines.append(f"| {name} | {source} | {v['rounds']} | {v['rows']} | {v['accepted']} | "
+                         f"{_fmt(v['accepted_per_round'])} |")
+    return lines + ["", "A row two sources proposed (merged by full prefix) counts for both.", ""]
+
+
 def _exactness(summary: dict, ties: dict) -> list[str]:
     lines = ["## Exactness", ""]
     if summary["settings"]["temperature"] != 0.0:
@@ -212,7 +228,7 @@ def _kernel_rounding(ties: dict) -> list[str]:
 
 def render_report(summary: dict, plots: list[Path], ties: dict | None = None) -> str:
     lines = _overview(summary) + _methods_table(summary) + _overall_table(summary) + _category_table(summary)
-    lines += _split_table(summary) + _exactness(summary, ties or {}) + concurrency_section(summary)
+    lines += _split_table(summary) + _source_table(summary) + _exactness(summary, ties or {}) + concurrency_section(summary)
     if plots:
         lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
     lines += ["## Definitions", "", DEFINITIONS]
