@@ -13,6 +13,14 @@ proposer's error, a refused round) ends with its own error; the others go on unt
 shared forward that fails is retried request by request, so that only the request whose rows
 cannot be verified fails.
 
+Drafting in one call.  A proposer that runs a model and drafts in steps
+(`proposers.base.SteppedProposer`: a draft model on a `DraftBatch`, the head families) stops its
+request's coroutine at each model forward with a `DraftRequest`; before the shared verify, the
+round answers the waiting steps of every request with one `draft_many` per shared drafter (the
+requests' key), step after step, until every request waits on its verify.  So a chain of k is k
+draft forwards per round for the whole batch, not k per request; a step that fails is retried
+request by request, and fails only the request whose step cannot be answered.
+
 The batch's depth.  A shared forward is as wide as its widest request: one request verifying 11
 rows makes every request's row of the forward 11 wide (transformers pads; llama.cpp's cost grows
 with the total rows).  So, with a batch profile t_B(n) and the gates' acceptance estimates, each
@@ -31,8 +39,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Callable, Generator, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Generator, Hashable, Iterator, Sequence
 
 import numpy as np
 
@@ -45,10 +53,11 @@ from draftwise.gate import rows_within_depths
 from draftwise.topology.compile import CompiledRound, cut_to_depth
 from draftwise.errors import InputError
 from draftwise.logits import TargetLogits
+from draftwise.proposers.base import DraftRequest, answer_alone
 
 # (the slot a request runs on, its generation config) -> its decoder
 DecoderFactory = Callable[[Backend, GenerationConfig], SpeculativeDecoder]
-Coroutine = Generator["VerifyRequest | list[int]", "TargetLogits | Verified | None", GenerationResult]
+Coroutine = Generator["VerifyRequest | DraftRequest | list[int]", Any, GenerationResult]
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,8 @@ class BatchRound:
     rows: tuple[int, ...]  # per request: unread + pending + candidates
     seconds: float
     retried: bool = False  # the shared forward failed and each request was verified alone
+    drafting: float = 0.0  # seconds the round's draft steps took, before the forward
+    draft_calls: int = 0  # calls that answered them (one per shared drafter and step)
 
     @property
     def origin_request(self) -> np.ndarray:
@@ -98,8 +109,10 @@ class _Request:
     prompt: tuple[int, ...]
     config: GenerationConfig
     view: SlotView | None = None
+    decoder: SpeculativeDecoder | None = None
     run: Coroutine | None = None
     waiting: VerifyRequest | None = None  # the round's verify it is stopped at
+    drafting: DraftRequest | None = None  # or the draft step
 
 
 @dataclass
@@ -155,8 +168,9 @@ class BatchDecoder:
         events: list[Event] = self._drop_cancelled()
         self._admit(events)
         for request in list(self._active.values()):
-            if request.waiting is None:  # just admitted: run it to its first verify
+            if request.waiting is None and request.drafting is None:  # just admitted: run it to its first stop
                 self._advance(request, None, events)
+        drafted = self._draft(events)
         waiting = [r for r in self._active.values() if r.waiting is not None]
         if not waiting:
             return events
@@ -165,7 +179,9 @@ class BatchDecoder:
         arm, explored = self.harm.play(len(waiting)) if steady and self.harm is not None else (Arm.SPECULATE, False)
         published = len(events)
         start = time.perf_counter()
-        for request, logits in self._verify(waiting, arm):
+        verified = self._verify(waiting, arm)
+        self.rounds[-1] = replace(self.rounds[-1], drafting=drafted[0], draft_calls=drafted[1])
+        for request, logits in verified:
             if isinstance(logits, BaseException):
                 self._throw(request, logits, events)
             else:
@@ -200,15 +216,51 @@ class BatchDecoder:
             request = self._queue.popleft()
             try:
                 request.view = slot_view(self.target, self.target.open())
-                request.run = self.decoder_for(request.view, request.config).coroutine(request.prompt, self._batch_size)
+                request.decoder = self.decoder_for(request.view, request.config)
+                request.run = request.decoder.coroutine(request.prompt, self._batch_size)
             except Exception as exc:  # a refused configuration or prompt ends this request only
                 self._release(request)
                 events.append(Failed(request.id, exc))
                 continue
             self._active[request.id] = request
 
-    def _advance(self, request: _Request, reply: TargetLogits | Verified | None, events: list[Event]) -> None:
-        """Run the request's coroutine to its next verify (publishing what it emits on the way)."""
+    def _draft(self, events: list[Event]) -> tuple[float, int]:
+        """Answer the requests' draft steps, one call per shared drafter and step, until every
+        request waits on its verify (or ended); the seconds it took and the calls it made."""
+        start, calls = time.perf_counter(), 0
+        while drafting := [r for r in self._active.values() if r.drafting is not None]:
+            groups: dict[Hashable, list[_Request]] = {}
+            for request in drafting:
+                assert request.drafting is not None
+                groups.setdefault(request.drafting.key, []).append(request)
+            for members in groups.values():
+                calls += 1
+                for request, answer in self._answer_drafts(members):
+                    if isinstance(answer, BaseException):
+                        self._throw(request, answer, events)
+                    else:
+                        request.drafting = None
+                        self._advance(request, answer, events)
+        return time.perf_counter() - start, calls
+
+    @staticmethod
+    def _answer_drafts(members: list[_Request]) -> list[tuple[_Request, Any]]:
+        """One draft step of requests sharing a drafter in one call (request by request if it fails)."""
+        steps = [r.drafting for r in members]
+        assert all(s is not None for s in steps)
+        try:
+            return list(zip(members, steps[0].drafter.draft_many([s.call for s in steps])))  # type: ignore[union-attr]
+        except Exception:
+            out: list[tuple[_Request, Any]] = []
+            for request, step in zip(members, steps):
+                try:
+                    out.append((request, answer_alone(step)))  # type: ignore[arg-type]
+                except Exception as exc:
+                    out.append((request, exc))
+            return out
+
+    def _advance(self, request: _Request, reply: Any, events: list[Event]) -> None:
+        """Run the request's coroutine to its next verify or draft step (publishing what it emits on the way)."""
         assert request.run is not None
         try:
             while True:
@@ -216,6 +268,9 @@ class BatchDecoder:
                 reply = None
                 if isinstance(step, VerifyRequest):
                     request.waiting = step
+                    return
+                if isinstance(step, DraftRequest):
+                    request.drafting = step
                     return
                 events.append(Tokens(request.id, tuple(step)))
         except StopIteration as done:
@@ -226,9 +281,9 @@ class BatchDecoder:
             events.append(Failed(request.id, exc))
 
     def _throw(self, request: _Request, error: BaseException, events: list[Event]) -> None:
-        """The request's verify failed: raise it inside its round (which rolls its slot back)."""
+        """The request's verify or draft step failed: raise it inside its round (which rolls its slot back)."""
         assert request.run is not None
-        request.waiting = None
+        request.waiting = request.drafting = None
         try:
             request.run.throw(error)  # its round re-raises it after rolling back: nothing is resumed
         except Exception:
@@ -327,5 +382,8 @@ class BatchDecoder:
         if request.view is not None:
             request.view.close()  # the slot's KV is freed now
             request.view = None
+        if request.decoder is not None:
+            request.decoder.close()  # its proposers' slots too (a draft model's)
+            request.decoder = None
         request.run = None
-        request.waiting = None
+        request.waiting = request.drafting = None

@@ -165,9 +165,8 @@ def _engine(spec: DecoderSpec, target: Backend, draft: Backend | None, gate: Cos
 def batch_decoder(spec: DecoderSpec, target: BatchBackend, draft: Backend | None = None) -> BatchDecoder:
     """A batch engine for a concrete spec: each request gets its own engine (proposers, verifier
     bound for its policy, gate state) on its own slot of `target`."""
-    from draftwise.backends.load import draft_per_request
-
-    from draftwise.backends.batch import keeps_hidden
+    from draftwise.backends.batch import DraftSlot, keeps_hidden
+    from draftwise.backends.load import draft_batch
 
     drafter = concrete_drafter(spec)
     own_draft = drafter is not None and spec.uses_draft_model
@@ -179,18 +178,24 @@ def batch_decoder(spec: DecoderSpec, target: BatchBackend, draft: Backend | None
                    if family.reads_hidden else "runs the target's own layers as its draft")
             raise InputError(f"proposer {member.name} {why}; batched decoding on {target.info.name} runs {families}, "
                              f"draft-model{', the head families' if keeps_hidden(target) else ''} or none")
+    drafts = None  # the draft model as a batch: a slot per request, every request's draft step in one forward
     if own_draft:  # refused before any work where a request cannot have a draft model of its own
         if draft is None:
             raise InputError("proposer draft-model needs a draft model (--draft MODEL)")
-        draft_per_request(draft)
+        drafts = draft_batch(draft, target.max_slots)
     gate = gate_config(spec, target)  # the profile is read once, for every request
 
     def decoder_for(slot: Backend, config: GenerationConfig) -> SpeculativeDecoder:
         generation = replace(spec.generation, max_new_tokens=config.max_new_tokens, policy=config.policy,
                              seed=config.seed, stop_strings=config.stop_strings)
-        # each request drafts on a draft model of its own (the same weights, its own KV), freed with it
-        request_draft = draft_per_request(draft) if own_draft and draft is not None else draft
-        return _engine(replace(spec, generation=generation), slot, request_draft, gate)
+        # each request drafts on a slot of its own (its own KV), freed with it (`SpeculativeDecoder.close`)
+        request_draft = DraftSlot(drafts, drafts.open()) if drafts is not None else draft
+        try:
+            return _engine(replace(spec, generation=generation), slot, request_draft, gate)
+        except BaseException:
+            if isinstance(request_draft, DraftSlot):
+                request_draft.close()
+            raise
 
     return BatchDecoder(target, decoder_for, spec.generation, profile=None if gate is None else gate.batch_profile,
                         harm=DoNoHarm() if spec.guard is not Guard.OFF and drafter is not None else None)

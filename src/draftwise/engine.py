@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Generator, Sequence
+from typing import Any, Callable, Generator, Sequence
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from draftwise.errors import ContractError
 from draftwise.errors import InputError
 from draftwise.gate import CostGate, CostGateConfig, check_gateable, gate_round
 from draftwise.logits import TargetLogits
-from draftwise.proposers.base import Proposer, RoundFeedback
+from draftwise.proposers.base import DraftRequest, HoldsResources, Proposer, RoundFeedback, SteppedProposer
 from draftwise.sampling import SamplingPolicy
 from draftwise.stats import GenerationStats, RoundRecord, summarize
 from draftwise.text import check_utf8
@@ -181,6 +181,12 @@ class SpeculativeDecoder:
             dtype=info.dtype,
         )
 
+    def close(self) -> None:
+        """Free what the proposers hold beyond a generation (in a batch: a request's draft slot)."""
+        for proposer in self.proposers:
+            if isinstance(proposer, HoldsResources):
+                proposer.close()
+
     def generate(self, prompt: Sequence[int], on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
         rounds = self.rounds(prompt)
         while True:
@@ -212,13 +218,15 @@ class SpeculativeDecoder:
             run.close()  # a round cut short (an error, an abandoned stream) is rolled back by its `finally`
 
     def coroutine(self, prompt: Sequence[int], batch_size: Callable[[], int] | None = None,
-                  ) -> Generator[VerifyRequest | list[int], TargetLogits | Verified | None, GenerationResult]:
+                  ) -> Generator[VerifyRequest | DraftRequest | list[int], Any, GenerationResult]:
         """The generation as a coroutine that stops wherever a round needs the target's forward:
         it yields a `VerifyRequest` and is sent that verify's logits (or `Verified`: the round cut
         further, with its logits), or yields the tokens a round
         published (and is sent None).  `rounds` runs the verify on `self.target` itself; the batch
         engine (`draftwise.batch`) gathers every request's `VerifyRequest` into one forward and
-        says, through `batch_size`, how many requests share each round (the gate prices it)."""
+        says, through `batch_size`, how many requests share each round (the gate prices it).  In
+        a batch (`batch_size` given), a stepped proposer's draft forwards stop it too: it yields
+        the `DraftRequest` and is sent its answer (the batch answers every request's at once)."""
         config = self.config
         if not prompt:
             raise InputError("the prompt has no tokens")
@@ -244,7 +252,7 @@ class SpeculativeDecoder:
             while emitter.stop_reason is None:
                 if gate is not None and batch_size is not None:
                     gate.batch = batch_size()
-                record, emitted = yield from self._round(context, emitter, rng, gate, harm)
+                record, emitted = yield from self._round(context, emitter, rng, gate, harm, batch_size is not None)
                 records.append(record)
                 context.extend(emitted)
                 if emitted:
@@ -266,9 +274,11 @@ class SpeculativeDecoder:
         )
 
     def _round(self, context: list[int], emitter: _Emitter, rng: np.random.Generator, gate: CostGate | None,
-               harm: DoNoHarm | None = None,
-               ) -> Generator[VerifyRequest, TargetLogits | Verified | None, tuple[RoundRecord, list[int]]]:
-        """One round.  The first also reads the prompt (its `unread` rows) in the verify forward."""
+               harm: DoNoHarm | None = None, batched: bool = False,
+               ) -> Generator[VerifyRequest | DraftRequest, Any, tuple[RoundRecord, list[int]]]:
+        """One round.  The first also reads the prompt (its `unread` rows) in the verify forward.
+        `batched`: a stepped proposer's draft forwards are yielded, for the batch to answer with
+        every request's (alone, `propose` answers them inline: the same steps, no detour)."""
         seconds: dict[str, float] = {}
         limits = round_limits(self.config.limits, len(context), self.target.info.context_length,
                               emitter.limit - len(emitter.tokens), self.target.info.max_verify_rows)
@@ -280,7 +290,10 @@ class SpeculativeDecoder:
         asked = bool(self.proposers) and limits.max_depth > 0 and arm is Arm.SPECULATE
         results = []
         for proposer in self.proposers if asked else ():
-            results.append(proposer.propose(context, self.manifest.hash, max_depth=limits.max_depth))
+            if batched and isinstance(proposer, SteppedProposer):  # its draft forwards go up to the batch
+                results.append((yield from proposer.drafting(context, self.manifest.hash, max_depth=limits.max_depth)))
+            else:
+                results.append(proposer.propose(context, self.manifest.hash, max_depth=limits.max_depth))
             lap, clock = _lap(clock)
             seconds[proposer.phase] = seconds.get(proposer.phase, 0.0) + lap
         for proposer, result in zip(self.proposers, results):

@@ -24,7 +24,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from draftwise.backends.base import BackendInfo, TokenWeights
+from draftwise.backends.base import Backend, BackendInfo, TokenWeights
 from draftwise.errors import BackendError
 from draftwise.logits import TargetLogits
 from draftwise.topology.compile import CompiledRound
@@ -43,6 +43,37 @@ class VerifyCall:
     def rows(self) -> int:
         """Rows this call adds to the forward: unread + pending + candidates."""
         return len(self.unread) + 1 + (0 if self.round_ is None else self.round_.n)
+
+
+@dataclass(frozen=True)
+class Extend:
+    """`Backend.extend(tokens)` on `slot`: the tokens appended and committed; logits of the last."""
+
+    slot: int
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class GrowRound:
+    """`Backend.verify_more(round_, first_row)` on `slot`: candidate rows [first_row, N) on top of
+    the slot's provisional rows (a draft tree's next level)."""
+
+    slot: int
+    round_: CompiledRound
+    first_row: int
+
+
+# a draft model's forward for one request; a tree's first verify is a `VerifyCall`
+DraftCall = Extend | VerifyCall | GrowRound
+
+
+def draft_alone(backend: Backend, call: DraftCall) -> TargetLogits:
+    """A draft call answered on one sequence's backend (a request decoded alone)."""
+    if isinstance(call, Extend):
+        return backend.extend(call.tokens)
+    if isinstance(call, GrowRound):
+        return backend.verify_more(call.round_, call.first_row)
+    return backend.verify(call.pending, call.round_, call.unread)
 
 
 def check_calls(calls: Sequence[VerifyCall], open_slots: Sequence[int], max_rows: int) -> None:
@@ -161,6 +192,31 @@ class SlotView:
 
     def close(self) -> None:
         self.batch.close(self.slot)
+
+
+class DraftBatch(BatchBackend, Protocol):
+    """A batch backend that also runs a draft model's steps for many requests at once."""
+
+    def draft_many(self, calls: Sequence[DraftCall]) -> Sequence[TargetLogits]:
+        """Every call (distinct open slots) in ONE forward where they are short (long extends, a
+        prompt read in round 1, in a forward each); logits per call as `draft_alone` returns them.
+        A forward that fails leaves every slot as it was."""
+
+
+class DraftSlot(SlotView):
+    """One slot of a `DraftBatch` as a draft model's `Backend` (extend and verify_more included):
+    a request's own draft KV on weights that every request shares."""
+
+    batch: DraftBatch
+
+    def __init__(self, batch: DraftBatch, slot: int) -> None:
+        super().__init__(batch, slot)
+
+    def extend(self, tokens: Sequence[int]) -> TargetLogits:
+        return self.batch.draft_many([Extend(self.slot, tuple(int(t) for t in tokens))])[0]
+
+    def verify_more(self, round_: CompiledRound, first_row: int) -> TargetLogits:
+        return self.batch.draft_many([GrowRound(self.slot, round_, first_row)])[0]
 
 
 class HiddenSlotView(SlotView):

@@ -12,7 +12,7 @@ from draftwise.errors import InputError
 from draftwise.models import ResolvedModel, resolve
 
 if TYPE_CHECKING:
-    from draftwise.backends.batch import BatchBackend
+    from draftwise.backends.batch import BatchBackend, DraftBatch
     from draftwise.backends.invariance import StrictScope
 
 BACKENDS = ("auto", "transformers", "llamacpp")
@@ -94,16 +94,17 @@ def default_loader(threads: int | None = None, device: str = "cpu", dtype: Dtype
     return load
 
 
-def draft_per_request(draft: Backend) -> Backend:
-    """A draft model of its own for one request of a batch: the same loaded weights, its own KV
-    (a draft model's KV follows its request's text, so requests cannot share one)."""
+def draft_batch(draft: Backend, max_slots: int) -> DraftBatch:
+    """The draft model as a batch: one slot per request (a draft model's KV follows its request's
+    text, so requests cannot share one), every request's draft step in one forward."""
     from draftwise.backends.transformers import TransformersBackend
+    from draftwise.backends.transformers_batch import TransformersBatch
 
     if not isinstance(draft, TransformersBackend):
         raise InputError(f"a draft model drafts for the requests of a batch on the transformers backend; on "
                          f"{draft.info.name} each request would need a context of its own, which is not built: "
                          "decode these requests one at a time, or batch them with prompt-lookup")
-    return draft.fork()
+    return TransformersBatch.from_backend(draft, max_slots)
 
 
 def open_batch(target: Backend, max_slots: int) -> BatchBackend:

@@ -36,6 +36,13 @@ concatenation makes it compact), so the common length shrinks once every slot ha
 `open()` appends a zero batch row; `close(slot)` drops the slot's batch row at once
 (index_select on dim 0: its KV is freed) and its id may be reused, starting empty.
 
+A draft model's steps.  `draft_many` runs a draft model's step for every request (each on its
+slot) in the same shared forward: an extend (`Extend`, pending-style rows committed at once), a
+tree's first verify (`VerifyCall`) and its next level (`GrowRound`: rows that see the slot's
+provisional ancestors; after the forward they are moved next to the provisional rows, so row r
+stays at column p_i + 1 + r for `commit`).  Only an extend longer than SHARED_EXTEND_ROWS (a
+prompt) runs in a forward of its own.
+
 Failure.  Every check (slots, rows, context) runs before the first forward; a forward that
 raises (out of memory) leaves every tensor and every slot as they were (the cache tensors
 are only replaced after success; a partial merge writes padding columns only).
@@ -49,8 +56,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from draftwise.backends.base import BackendInfo, ContextOverflow, TokenWeights, check_path
-from draftwise.backends.batch import VerifyCall, check_calls
+from draftwise.backends.base import BackendInfo, ContextOverflow, TokenWeights, check_grows, check_path
+from draftwise.backends.batch import DraftCall, Extend, GrowRound, VerifyCall, check_calls
 from draftwise.backends.transformers import (TorchLogits, TransformersBackend, _cache_kwarg, _is_chain, additive_mask,
                                              kv_row_bytes)
 from draftwise.errors import BackendError
@@ -60,6 +67,28 @@ from draftwise.topology.compile import CompiledRound
 # copied rows (SmolLM2-135M, 8 slots of ~200 tokens, CPU: in place costs one full forward whatever is
 # called, ~77 ms; copying 1/2/4/8 rows costs 37/40/66/98 ms)
 SHARED_FORWARD_SHARE = 0.75
+# a draft extend of more tokens than this (a prompt read in round 1) runs in a forward of its own,
+# so that it does not pad every other request's row of the shared forward to its length
+SHARED_EXTEND_ROWS = 16
+
+
+@dataclass(frozen=True)
+class _Grow:
+    """A `GrowRound` on its slot, whose provisional pending row sits at column `start`: its rows
+    see the slot's committed prefix, that pending row and their ancestors (provisional or new)."""
+
+    slot: int
+    round_: CompiledRound
+    first_row: int
+    start: int
+    unread: tuple[int, ...] = ()
+
+    @property
+    def rows(self) -> int:
+        return self.round_.n - self.first_row
+
+
+Call = VerifyCall | _Grow
 
 
 @dataclass
@@ -79,7 +108,7 @@ class _Slot:
         return self.start + self.rows if self.rows else self.committed
 
 
-def visible_rows(entries: Sequence[tuple[int, VerifyCall | None]], past: int, width: int) -> torch.Tensor:
+def visible_rows(entries: Sequence[tuple[int, Call | None]], past: int, width: int) -> torch.Tensor:
     """[B', R, past + R] bool: what each query row of a forward may see.  `entries` gives, per
     batch row, the slot's committed length and its call (None: a row of padding only); the new
     rows of batch row j sit at columns past .. past + R - 1, left-aligned."""
@@ -88,6 +117,14 @@ def visible_rows(entries: Sequence[tuple[int, VerifyCall | None]], past: int, wi
     visible[:, diag, past + diag] = True  # every row sees itself: a padding row sees nothing else
     for j, (committed, call) in enumerate(entries):
         if call is None:
+            continue
+        if isinstance(call, _Grow):
+            f, m, p = call.first_row, call.rows, call.start
+            ancestors = torch.from_numpy(call.round_.ancestor_mask[f:])  # [M, N]: self and ancestors
+            visible[j, :m, :committed] = True
+            visible[j, :m, p] = True  # the provisional pending row
+            visible[j, :m, p + 1 : p + 1 + f] = ancestors[:, :f]  # provisional candidate rows
+            visible[j, :m, past : past + m] = ancestors[:, f:]  # this level's rows
             continue
         rows, head = call.rows, len(call.unread) + 1  # head: unread rows and the pending one
         visible[j, :rows, :committed] = True
@@ -203,6 +240,38 @@ class TransformersBatch:
     # ---- verify --------------------------------------------------------------------------
     def verify_many(self, calls: Sequence[VerifyCall]) -> list[TorchLogits]:
         check_calls(calls, self.open_slots(), self.info.max_verify_rows)
+        self._check_settled(calls)
+        decode = [i for i, call in enumerate(calls) if not call.unread]
+        return self._run(list(calls), ([decode] if decode else []) + [[i] for i, call in enumerate(calls) if call.unread])
+
+    def draft_many(self, calls: Sequence[DraftCall]) -> list[TorchLogits]:
+        """A draft model's step for many requests (`backends.batch.DraftBatch`): every call in ONE
+        forward, but an extend longer than SHARED_EXTEND_ROWS (a prompt) in one of its own;
+        extends are committed."""
+        check_calls([c for c in calls if isinstance(c, VerifyCall)], self.open_slots(), self.info.max_verify_rows)
+        if len({c.slot for c in calls}) < len(calls):
+            raise BackendError("a slot appears twice in one forward")
+        internal: list[Call] = [self._grow(c) if isinstance(c, GrowRound) else
+                                VerifyCall(c.slot, c.tokens[-1], None, c.tokens[:-1]) if isinstance(c, Extend) else c
+                                for c in calls]
+        self._check_settled([c for c in internal if isinstance(c, VerifyCall)])
+        long = [i for i, c in enumerate(calls) if isinstance(c, Extend) and len(c.tokens) > SHARED_EXTEND_ROWS]
+        short = [i for i in range(len(calls)) if i not in long]
+        extends = [c.slot for c in calls if isinstance(c, Extend)]
+        return self._run(internal, ([short] if short else []) + [[i] for i in long], commit=extends)
+
+    def _grow(self, call: GrowRound) -> _Grow:
+        state = self._slot(call.slot)
+        check_grows(state.round_, state.rows, state.committed + 1, call.round_, call.first_row)
+        if 1 + call.round_.n > self.info.max_verify_rows:
+            raise BackendError(f"round of {1 + call.round_.n} rows exceeds this backend's limit of "
+                               f"{self.info.max_verify_rows}")
+        if state.end + call.round_.n - call.first_row > self.info.context_length:
+            raise ContextOverflow(f"slot {call.slot}: {state.end} cached + {call.round_.n - call.first_row} new rows "
+                                  f"exceed the context of {self.info.context_length}")
+        return _Grow(call.slot, call.round_, call.first_row, state.start)
+
+    def _check_settled(self, calls: Sequence[VerifyCall]) -> None:
         for call in calls:
             state = self._slots[call.slot]
             if state.rows:
@@ -211,22 +280,28 @@ class TransformersBatch:
             if state.committed + call.rows > self.info.context_length:
                 raise ContextOverflow(f"slot {call.slot}: {state.committed} cached + {call.rows} new rows exceed "
                                       f"the context of {self.info.context_length}")
+
+    def _run(self, calls: list[Call], groups: list[list[int]], commit: Sequence[int] = ()) -> list[TorchLogits]:
+        """One forward per group of calls, then `commit` (slots whose rows are committed at once);
+        all or nothing: a failure restores every tensor and slot."""
         out: list[TorchLogits | None] = [None] * len(calls)
-        decode = [i for i, call in enumerate(calls) if not call.unread]
-        groups = ([decode] if decode else []) + [[i] for i, call in enumerate(calls) if call.unread]
         before = (self._keys, self._values, {s: replace(state) for s, state in self._slots.items()})
         try:
             for group in groups:
                 group_calls = [calls[i] for i in group]
-                shared = len(group_calls) >= SHARED_FORWARD_SHARE * len(self._slots) and not group_calls[0].unread
+                # a lone prompt is read over its own row: exactly the single backend's forward
+                shared = (len(group_calls) >= SHARED_FORWARD_SHARE * len(self._slots)
+                          and (len(group_calls) > 1 or not group_calls[0].unread))
                 for i, logits in zip(group, self._forward(group_calls, shared)):
                     out[i] = logits
+            for slot in commit:
+                self.commit(slot, [])
         except BaseException:
             self._keys, self._values, self._slots = before
             raise
         return [logits for logits in out if logits is not None]
 
-    def _forward(self, calls: list[VerifyCall], shared: bool) -> list[TorchLogits]:
+    def _forward(self, calls: list[Call], shared: bool) -> list[TorchLogits]:
         """One forward over `calls` (distinct, non-provisional slots): in place over every batch
         row when `shared`, else over a copy of the calls' rows; the slots' state is updated."""
         states = [self._slots[call.slot] for call in calls]
@@ -238,7 +313,7 @@ class TransformersBatch:
             keys, values = self._keys, self._values
         else:
             entries = [(s.committed, call) for s, call in zip(states, calls)]
-            past = max(s.committed for s in states)
+            past = max(s.end for s in states)  # a growing tree's provisional rows are kept
             index = torch.tensor([s.row for s in states], dtype=torch.long, device=self.device)
             with torch.inference_mode():
                 keys = [k[:, :, :past].index_select(0, index) for k in self._keys]
@@ -270,13 +345,33 @@ class TransformersBatch:
                 self._merge(states, new_keys, new_values, past + width)
         logits = []
         for call, state in zip(calls, states):
+            if isinstance(call, _Grow):
+                logits.append(TorchLogits(out.logits[batch_row[call.slot], : call.rows]))  # first = 0: no unread
+                self._place(call, state, past, out.hidden_states[-1][batch_row[call.slot], : call.rows]
+                            if state.track else None)
+                continue
             u, n = len(call.unread), call.rows - len(call.unread)
-            state.committed += u  # the unread rows are context: committed, whatever the round's outcome
+            self._move(state.row, past, state.committed, u)  # the unread rows are context: committed, whatever
+            state.committed += u  # the round's outcome, so they go right after the committed prefix
             state.start, state.rows, state.round_ = past + u, n, call.round_
             j = batch_row[call.slot]
             state.rows_hidden = out.hidden_states[-1][j, u : u + n] if state.track else None  # [n, d]
             logits.append(TorchLogits(out.logits[j, u - first : u - first + n]))
         return logits
+
+    def _place(self, call: _Grow, state: _Slot, past: int, hidden: torch.Tensor | None) -> None:
+        """A tree level's new columns [past, past + M) moved next to the slot's provisional rows."""
+        self._move(state.row, past, state.start + state.rows, call.rows)
+        state.rows, state.round_ = state.rows + call.rows, call.round_
+        if state.rows_hidden is not None and hidden is not None:
+            state.rows_hidden = torch.cat([state.rows_hidden, hidden])
+
+    def _move(self, row: int, source: int, to: int, count: int) -> None:
+        """Columns [source, source + count) of batch row `row` moved to [to, to + count)."""
+        if count and source != to:
+            with torch.inference_mode():
+                for tensor in self._keys + self._values:
+                    tensor[row, :, to : to + count] = tensor[row, :, source : source + count].clone()
 
     def _merge(self, states: list[_Slot], keys: list[torch.Tensor], values: list[torch.Tensor], end: int) -> None:
         """Copy the columns from each slot's committed length on of a forward over copied rows
@@ -379,13 +474,17 @@ def _unwrap(cache: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     return keys, values
 
 
-def _row_tokens(call: VerifyCall) -> list[int]:
+def _row_tokens(call: Call) -> list[int]:
+    if isinstance(call, _Grow):
+        return [int(t) for t in call.round_.token_ids[call.first_row :]]
     return [int(x) for x in call.unread] + [int(call.pending)] + \
         ([] if call.round_ is None else call.round_.token_ids.tolist())
 
 
-def _row_positions(committed: int, call: VerifyCall) -> np.ndarray:
-    """Positions of a call's rows, as `TransformersBackend.verify` gives them."""
+def _row_positions(committed: int, call: Call) -> np.ndarray:
+    """Positions of a call's rows, as `TransformersBackend.verify` (and `verify_more`) gives them."""
+    if isinstance(call, _Grow):
+        return call.round_.position_ids[call.first_row :].astype(np.int64)
     t = committed + len(call.unread)  # the pending token's position
     if _is_plain(call):
         return np.arange(committed, committed + call.rows, dtype=np.int64)
@@ -393,6 +492,6 @@ def _row_positions(committed: int, call: VerifyCall) -> np.ndarray:
     return np.concatenate([np.arange(committed, t + 1, dtype=np.int64), call.round_.position_ids.astype(np.int64)])
 
 
-def _is_plain(call: VerifyCall) -> bool:
+def _is_plain(call: Call) -> bool:
     """Rows in a line (pending only, or a chain): the causal order is the tree's."""
-    return call.round_ is None or _is_chain(call.round_)
+    return not isinstance(call, _Grow) and (call.round_ is None or _is_chain(call.round_))

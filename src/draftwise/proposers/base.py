@@ -6,12 +6,18 @@ state of its own (a draft model's KV cache, a head's hidden-state input, a shall
 cache) commits the accepted part and rolls back the rest with the round.  `begin` hands over
 the generation's sampling policy and generator once, so a sampling proposer draws from the
 same policy the verifier applies to the target.
+
+A proposer that runs a model may also draft in steps (`SteppedProposer.drafting`): a generator
+that yields a `DraftRequest` wherever it needs its model's forward and is sent the answer.  The
+engine's round passes these requests up, so a batch (`draftwise.batch`) answers every request's
+step with ONE call of the shared model (`Drafter.draft_many`), and a request decoded alone
+answers each at once (`answer_alone`).  `propose` is the same drafting answered inline.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Generator, Hashable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -47,3 +53,61 @@ class Proposer(Protocol):
 
     def observe(self, feedback: RoundFeedback) -> None:
         """The round's outcome for the last proposal: keep state for the accepted path, drop the rest."""
+
+
+class Drafter(Protocol):
+    """A proposer's model that answers draft steps of many requests in one call."""
+
+    def draft_many(self, calls: Sequence[Any]) -> Sequence[Any]:
+        """The answer to every call, in order (each call is one request's input for this step)."""
+
+
+@dataclass(frozen=True, eq=False)
+class DraftRequest:
+    """One request's draft step, stopped where it needs the model: a batch answers the steps of
+    every request with an equal `key` in one `drafter.draft_many` (equal keys promise the same
+    model and weights, so any member's `drafter` may answer them all)."""
+
+    key: Hashable
+    drafter: Drafter
+    call: Any
+
+
+def answer_alone(request: DraftRequest) -> Any:
+    """The draft step of a request decoded alone: its own drafter, at once."""
+    (answer,) = request.drafter.draft_many([request.call])
+    return answer
+
+
+@runtime_checkable
+class SteppedProposer(Protocol):
+    """A proposer whose drafting yields each model forward as a `DraftRequest`."""
+
+    def drafting(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None,
+                 ) -> Generator[DraftRequest, Any, ProposalResult]:
+        """`Proposer.propose` as a generator: yields its draft steps, returns the proposal."""
+
+
+def propose_alone(steps: Generator[DraftRequest, Any, ProposalResult]) -> ProposalResult:
+    """Run a drafting generator to its proposal, answering every step at once (a step that
+    fails is raised inside the generator, whose `finally` rolls its model back)."""
+    answer: Any = None
+    error: Exception | None = None
+    while True:
+        try:
+            request = steps.send(answer) if error is None else steps.throw(error)
+        except StopIteration as done:
+            result: ProposalResult = done.value
+            return result
+        try:
+            answer, error = answer_alone(request), None
+        except Exception as exc:
+            answer, error = None, exc
+
+
+@runtime_checkable
+class HoldsResources(Protocol):
+    """A proposer holding something of its own beyond a generation (a batch's draft slot)."""
+
+    def close(self) -> None:
+        """Free it; the proposer is not used again."""

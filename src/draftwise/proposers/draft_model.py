@@ -13,17 +13,23 @@ previous level's rows to the provisional tree, so every node is evaluated once),
 i.i.d., without replacement, or as deterministic top-k; the declared sampling relation is
 the one really used.  Every expanded parent records the whole distribution its children were
 drawn from, so residual verifiers get vectors, not scalars.
+
+Every draft forward is a step of `drafting` (`proposers.base.SteppedProposer`): alone, the step is
+answered at once on the draft backend; in a batch, each request drafts on a slot of one batched
+draft model (`backends.batch.DraftSlot`), and the batch answers the step of every request in ONE
+forward of that model (`DraftBatch.draft_many`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Generator, Sequence
 
 import numpy as np
 
 from draftwise.backends.base import Backend
+from draftwise.backends.batch import DraftCall, DraftSlot, Extend, GrowRound, VerifyCall, draft_alone
 from draftwise.contracts import (
     ProbabilitySemantics,
     ProposalNode,
@@ -35,7 +41,8 @@ from draftwise.contracts import (
 from draftwise.errors import ContractError
 from draftwise.errors import InputError
 from draftwise.options import option
-from draftwise.proposers.base import RoundFeedback
+from draftwise.logits import TargetLogits
+from draftwise.proposers.base import DraftRequest, Drafter, RoundFeedback, propose_alone
 from draftwise.proposers.family import CandidateShape, DrafterFamily, DrafterResources
 from draftwise.sampling import SamplingPolicy, sample
 from draftwise.topology.compile import TreeLimits, compile_round
@@ -132,6 +139,9 @@ class DraftModelProposer:
                 f"{target_tokenizer_hash[:12]}…; a draft model must share the target's tokenizer"
             )
         self.draft = draft
+        # a batch's draft slot drafts with every request's on the shared model; alone, on its own backend
+        self._drafter: Drafter = draft.batch if isinstance(draft, DraftSlot) else _Alone(draft)
+        self._slot = draft.slot if isinstance(draft, DraftSlot) else 0
         self.config = config
         self.contract = config_contract(config)
         self._cached: list[int] = []  # tokens whose KV rows the draft holds
@@ -165,7 +175,21 @@ class DraftModelProposer:
             self.draft.truncate(keep)
             del self._cached[keep:]
 
+    def close(self) -> None:
+        """Free a batch's draft slot (its KV) when the request leaves."""
+        if isinstance(self.draft, DraftSlot):
+            self.draft.close()
+
     def propose(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None) -> ProposalResult:
+        return propose_alone(self.drafting(context, manifest_hash, max_depth))
+
+    def _forward(self, call: DraftCall) -> Generator[DraftRequest, Any, TargetLogits]:
+        """One draft forward, answered by whoever runs the drafting (alone: at once)."""
+        logits: TargetLogits = yield DraftRequest(self._drafter, self._drafter, call)
+        return logits
+
+    def drafting(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None,
+                 ) -> Generator[DraftRequest, Any, ProposalResult]:
         # drafting costs a forward per depth: never draft what the round cannot verify (the
         # last round of a generation, a context about to overflow)
         # the draft's own context bounds the proposal too: a chain of k holds k - 1 drafted
@@ -173,13 +197,13 @@ class DraftModelProposer:
         room = self.draft.info.context_length - len(context)
         if self.config.template is None:
             k = min(self.config.k, room + 1) if max_depth is None else min(self.config.k, max_depth, room + 1)
-            nodes, dists = self._chain(context, k) if k > 0 else ([], {})
+            nodes, dists = (yield from self._chain(context, k)) if k > 0 else ([], {})
         else:
             template = self.config.template
             if max_depth is not None and max_depth < max_depth_of(template):
                 template = tuple(path for path in template if len(path) <= max_depth)
             template = fit_template(template, room)
-            nodes, dists = self._tree(context, template) if template else ([], {})
+            nodes, dists = (yield from self._tree(context, template)) if template else ([], {})
         # a chain leaves its drafted tokens but the last in the draft's cache; a tree rolls its rows back itself
         mark = DraftCacheMark(len(context), max(len(nodes) - 1, 0) if self.config.template is None else 0)
         return ProposalResult(
@@ -200,13 +224,14 @@ class DraftModelProposer:
         del self._cached[shared:]
         return shared
 
-    def _chain(self, context: Sequence[int], k: int) -> tuple[list[ProposalNode], dict[int, np.ndarray]]:
+    def _chain(self, context: Sequence[int], k: int,
+               ) -> Generator[DraftRequest, Any, tuple[list[ProposalNode], dict[int, np.ndarray]]]:
         shared = self._sync(context, keep_last=True)
         feed = list(context[shared:])  # >= 1 token: the pending one at least
         nodes: list[ProposalNode] = []
         dists: dict[int, np.ndarray] = {}
         for depth in range(1, k + 1):
-            logits = self.draft.extend(feed)
+            logits = yield from self._forward(Extend(self._slot, tuple(feed)))
             self._cached.extend(feed)
             q = logits.probs(0, self._policy)  # [V]
             token = int(q.argmax()) if self._policy.greedy else sample(q, self._rng)
@@ -220,18 +245,20 @@ class DraftModelProposer:
         return nodes, dists
 
     # ---- tree: one draft pass per level -------------------------------------------------------
-    def _tree(self, context: Sequence[int], template: Template) -> tuple[list[ProposalNode], dict[int, np.ndarray]]:
+    def _tree(self, context: Sequence[int], template: Template,
+              ) -> Generator[DraftRequest, Any, tuple[list[ProposalNode], dict[int, np.ndarray]]]:
         # level 1 needs only the pending token's logits: one extend of every unseen token (the
         # pending one included) gives them, instead of an extend plus a separate pass for it
         shared = self._sync(context, keep_last=True)
-        level_one = self.draft.extend(list(context[shared:]))
+        level_one = yield from self._forward(Extend(self._slot, tuple(int(t) for t in context[shared:])))
         self._cached.extend(context[shared:])
         try:
-            return self._expand(context, template, level_one)
+            return (yield from self._expand(context, template, level_one))
         finally:
             self.draft.rollback()  # the tree's rows were provisional: the draft keeps the context only
 
-    def _expand(self, context: Sequence[int], template: Template, level_one) -> tuple[list[ProposalNode], dict[int, np.ndarray]]:
+    def _expand(self, context: Sequence[int], template: Template, level_one: TargetLogits,
+                ) -> Generator[DraftRequest, Any, tuple[list[ProposalNode], dict[int, np.ndarray]]]:
         slots = slots_by_parent(template)  # template node i: (parent template node, child slot)
         widths = num_children(template)  # template node (-1 = frontier) -> children to draw
         node_of_template: dict[int, int] = {}
@@ -258,9 +285,11 @@ class DraftModelProposer:
                 if round_ is None:  # level 2: the pending token becomes a verify row
                     self.draft.truncate(len(context) - 1)
                     del self._cached[len(context) - 1:]
-                    logits, first_row = self.draft.verify(int(context[-1]), grown), -1  # row r + 1 = candidate r
+                    logits = yield from self._forward(VerifyCall(self._slot, int(context[-1]), grown))
+                    first_row = -1  # row r + 1 = candidate r
                 else:  # deeper: evaluate only the previous level's rows, on top of the provisional tree
-                    logits, first_row = self.draft.verify_more(grown, round_.n), round_.n  # row i = candidate first_row + i
+                    logits = yield from self._forward(GrowRound(self._slot, grown, round_.n))
+                    first_row = round_.n  # row i = candidate first_row + i
                 round_ = grown
             for parent in parents:
                 parent_node = -1 if parent == -1 else node_of_template[parent]
@@ -287,6 +316,16 @@ class DraftModelProposer:
             token = sample(q, self._rng)
         already.append(token)
         return token
+
+
+class _Alone:
+    """A draft model of one request: each call on its backend, at once."""
+
+    def __init__(self, draft: Backend) -> None:
+        self.draft = draft
+
+    def draft_many(self, calls: Sequence[DraftCall]) -> list[TargetLogits]:
+        return [draft_alone(self.draft, call) for call in calls]
 
 
 def fit_template(template: Template, room: int) -> Template:

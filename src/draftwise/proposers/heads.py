@@ -17,6 +17,11 @@ the generation's sampling policy, zero outside it; a Medusa head's q at depth i 
 condition on the drafted parent, which is still a legitimate proposal law when sampled.
 The round is the first that has no hidden state (the target has read nothing): it proposes
 nothing, and the heads start from round 2.
+
+Each level's head forward is a step of `drafting` (`proposers.base.SteppedProposer`): a
+`HeadStep` (the level's parent rows), answered by `HeadForward.draft_many`, which runs the
+heads once over the rows of every request that asks (a batch's requests at the same level, keyed
+by the head set's manifest hash: the same weights), or alone over the request's own rows.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Generator, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -44,7 +49,7 @@ from draftwise.heads.arch import CloverHeads, DraftVocab, MedusaHeads
 from draftwise.heads.artifact import HeadSet, load_heads
 from draftwise.heads.defaults import default_heads
 from draftwise.options import option
-from draftwise.proposers.base import RoundFeedback
+from draftwise.proposers.base import DraftRequest, RoundFeedback, propose_alone
 from draftwise.proposers.family import CandidateShape, DrafterFamily, DrafterResources
 from draftwise.proposers.prefix_state import PrefixState
 from draftwise.sampling import SamplingPolicy, sample
@@ -134,6 +139,50 @@ class ExpandedDistributions(Mapping):
         return len(self._rows)
 
 
+@dataclass(frozen=True, eq=False)
+class HeadStep:
+    """One request's rows of one level: each parent's input state and its path (pending first).
+    Medusa's one step computes depths 1..`level` from the frontier state."""
+
+    level: int
+    states: torch.Tensor  # [P, d]: h (Medusa, Hydra) or each parent's recurrent state before its token (Clover)
+    paths: torch.Tensor  # [P, level] token ids, pending first (Hydra reads them all, Clover the last)
+
+
+@dataclass(frozen=True, eq=False)
+class HeadOut:
+    logits: torch.Tensor  # [P, V_d] draft-vocabulary logits per parent; Medusa: [level, V_d] per depth
+    states: torch.Tensor | None = None  # [P, d] Clover's recurrent state after each parent's token
+
+
+class HeadForward:
+    """The heads over many requests' rows: one forward for every step of one level (`draft_many`)."""
+
+    def __init__(self, heads: HeadSet, vocab: DraftVocab, embed: torch.Tensor | None) -> None:
+        self.heads, self.vocab, self.embed = heads.heads, vocab, embed  # embed [V, d]: dependent heads
+
+    def draft_many(self, steps: Sequence[HeadStep]) -> list[HeadOut]:
+        if len({step.level for step in steps}) > 1 and not isinstance(self.heads, MedusaHeads):
+            raise InputError("one head forward serves one level")
+        sizes = [step.states.shape[0] for step in steps]
+        states = torch.cat([step.states for step in steps])  # [sum P, d]
+        with torch.inference_mode():
+            if isinstance(self.heads, MedusaHeads):  # every depth from the one state: one stage
+                depth = max(step.level for step in steps)
+                per_depth = torch.stack([self.heads.head(i, states) for i in range(1, depth + 1)])  # [D, sum P, d]
+                logits = self.heads.logits(per_depth, self.vocab)  # [D, sum P, V_d]
+                return [HeadOut(part[: step.level, 0]) for step, part in zip(steps, logits.split(sizes, dim=1))]
+            assert self.embed is not None
+            paths = torch.cat([step.paths for step in steps])  # [sum P, level]
+            level = steps[0].level
+            if isinstance(self.heads, CloverHeads):
+                after = self.heads.step(states, self.embed[paths[:, -1]])  # [sum P, d]: one recurrence step
+                logits = self.vocab.logits(self.heads.predict(level, after))  # [sum P, V_d]
+                return [HeadOut(lg, st) for lg, st in zip(logits.split(sizes), after.split(sizes))]
+            logits = self.vocab.logits(self.heads.path_state(level, states, self.embed[paths]))  # [sum P, V_d]
+            return [HeadOut(lg) for lg in logits.split(sizes)]
+
+
 class HeadsProposer:
     phase = "propose"
 
@@ -198,6 +247,10 @@ class HeadsProposer:
         return None if h is None else torch.from_numpy(np.asarray(h, dtype=np.float32))
 
     def propose(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None) -> ProposalResult:
+        return propose_alone(self.drafting(context, manifest_hash, max_depth))
+
+    def drafting(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None,
+                 ) -> Generator[DraftRequest, Any, ProposalResult]:
         template = self.template
         self.last_seconds = {}
         if max_depth is not None:
@@ -208,8 +261,7 @@ class HeadsProposer:
         h = self.frontier_state(context) if template else None
         context_seconds = time.perf_counter() - clock
         if template and h is not None:
-            with torch.inference_mode():
-                nodes, rows = self._expand(int(context[-1]), h, template)
+            nodes, rows = yield from self._expand(int(context[-1]), h, template)
             if self.prefix is not None:
                 self.last_seconds["context"] = context_seconds
         return ProposalResult(
@@ -218,7 +270,19 @@ class HeadsProposer:
             seconds=dict(self.last_seconds),
         )
 
-    def _expand(self, pending: int, h: torch.Tensor, template: Template) -> tuple[list[ProposalNode], dict[int, np.ndarray]]:
+    @property
+    def forward(self) -> HeadForward:
+        """The heads' forward (over this request's rows alone, or a batch's at the same level)."""
+        return HeadForward(self.headset, self.vocab, self.embed)
+
+    def _step(self, step: HeadStep) -> Generator[DraftRequest, Any, HeadOut]:
+        """One level's head forward, answered by whoever runs the drafting (alone: at once)."""
+        level = 0 if isinstance(self.headset.heads, MedusaHeads) else step.level  # Medusa's depths mix in one call
+        out: HeadOut = yield DraftRequest((self.headset.manifest_hash, level), self.forward, step)
+        return out
+
+    def _expand(self, pending: int, h: torch.Tensor, template: Template,
+                ) -> Generator[DraftRequest, Any, tuple[list[ProposalNode], dict[int, np.ndarray]]]:
         slots = slots_by_parent(template)
         widths = num_children(template)
         depth_of = [len(p) for p in template]  # canonical order: by depth
@@ -238,28 +302,21 @@ class HeadsProposer:
                 break
             parents = sorted({slots[i].parent for i in members})
             parent_nodes = [-1 if p == -1 else node_of[p] for p in parents]
+            paths = torch.tensor([tokens_of[n] for n in parent_nodes])  # [P, level]
             if isinstance(self.headset.heads, MedusaHeads):
                 if medusa_logits is None:  # every depth from the one state: one stage
-                    depth = max(depth_of)
-                    states = torch.stack([self.headset.heads.head(i, h[None])[0] for i in range(1, depth + 1)])  # [D, d]
-                    medusa_logits = self.headset.heads.logits(states, self.vocab)  # [D, V_d]
+                    medusa_logits = (yield from self._step(HeadStep(max(depth_of), h[None], paths[:1]))).logits  # [D, V_d]
                 level_logits = medusa_logits[level - 1][None].expand(len(parents), -1)  # [P, V_d], one row shared
                 shared = True
             elif isinstance(self.headset.heads, CloverHeads):
-                assert self.embed is not None
-                heads = self.headset.heads
-                previous = torch.stack([h if n == -1 else clover_state[nodes[n].parent] for n in parent_nodes])
-                last = torch.tensor([tokens_of[n][-1] for n in parent_nodes])  # [P] each parent's own token
-                states = heads.step(previous, self.embed[last])  # [P, d]: one recurrence step per parent
-                clover_state.update(zip(parent_nodes, states))
-                level_logits = self.vocab.logits(heads.predict(level, states))  # [P, V_d]
-                shared = False
+                previous = torch.stack([h if n == -1 else clover_state[nodes[n].parent] for n in parent_nodes])  # [P, d]
+                out = yield from self._step(HeadStep(level, previous, paths))
+                assert out.states is not None
+                clover_state.update(zip(parent_nodes, out.states))
+                level_logits, shared = out.logits, False  # [P, V_d]
             else:
-                assert self.embed is not None
-                paths = torch.tensor([tokens_of[n] for n in parent_nodes])  # [P, level]
-                level_logits = self.vocab.logits(self.headset.heads.path_state(
-                    level, h[None].expand(len(parents), -1), self.embed[paths]))  # [P, V_d]
-                shared = False
+                level_logits = (yield from self._step(HeadStep(level, h[None].expand(len(parents), -1), paths))).logits
+                shared = False  # [P, V_d]
             probs = self._policy.probs(level_logits[:1].numpy() if shared else level_logits.numpy())  # [P or 1, V_d]
             sure = torch.softmax(level_logits, dim=-1) if self.config.confidence else None  # [P, V_d] raw head law
             for k, (parent, parent_node) in enumerate(zip(parents, parent_nodes)):
