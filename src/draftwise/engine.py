@@ -28,7 +28,8 @@ from draftwise.errors import ContractError
 from draftwise.errors import InputError
 from draftwise.gate import CostGate, CostGateConfig, check_gateable, gate_round
 from draftwise.logits import TargetLogits
-from draftwise.proposers.base import DraftRequest, HoldsResources, Proposer, RoundFeedback, SteppedProposer
+from draftwise.proposers.base import (DraftRequest, HoldsResources, Proposer, RoundFeedback, SteppedProposer,
+                                      answer_alone)
 from draftwise.sampling import SamplingPolicy
 from draftwise.stats import GenerationStats, RoundRecord, summarize
 from draftwise.text import check_utf8
@@ -202,12 +203,14 @@ class SpeculativeDecoder:
         """Decode round by round: yields each round's published tokens (never empty) and
         returns the `GenerationResult`.  Closing the generator early leaves the target consistent."""
         run = self.coroutine(prompt)
-        reply: TargetLogits | Verified | None = None
+        reply: Any = None
         try:
             while True:
                 step = run.send(reply)
                 if isinstance(step, VerifyRequest):
                     reply = self.target.verify(step.pending, step.round_, unread=step.unread)
+                elif isinstance(step, DraftRequest):  # not yielded alone (`propose` answers inline); kept whole
+                    reply = answer_alone(step)
                 else:
                     reply = None
                     yield step
