@@ -172,3 +172,14 @@ def test_the_choice_follows_the_verify_cost(tmp_path, relative, expected):
         assert choice.scores[0].speedup > 1.0 and choice.scores[0].mean_accepted > 0
         if choice.chosen.endswith("+gate"):
             assert choice.spec.gate == GateProfile(directory)  # the chosen gate reads the profile it was predicted with
+
+
+def test_auto_replays_a_union_of_prompt_lookup_and_the_draft_model(tmp_path):
+    """With a draft model under greedy decoding, `auto` also replays the heterogeneous round
+    prompt-lookup+draft-model; its replay accepts at least what the draft alone accepts where
+    the sources' rows are merged (the union's tree holds the draft's chain)."""
+    spec = make_spec(GenerationConfig(max_new_tokens=24), proposer="auto", draft="tiny")
+    choice, _ = choose(tiny_backend(0), tmp_path, spec, draft=tiny_backend(0))  # the target as its own draft
+    scores = {s.name: s for s in choice.scores}
+    assert {"draft-model", "prompt-lookup+draft-model"} <= set(scores), choice.table()
+    assert scores["prompt-lookup+draft-model"].mean_accepted >= scores["draft-model"].mean_accepted

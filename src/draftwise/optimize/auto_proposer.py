@@ -2,7 +2,9 @@
 committed token on this target, backend and machine.
 
 Candidates: plain decoding; prompt lookup and, with an index, REST, each with and without
-the cost gate; with a draft model under greedy decoding, its chain.  Each is replayed
+the cost gate; with a draft model under greedy decoding, its chain; and the heterogeneous
+rounds of a free source with each later candidate (prompt-lookup+rest, prompt-lookup+draft-model,
+gated too where every member is free to ask).  Each is replayed
 (`replay.py`) on plain traces of the calibration prompts, and its time predicted from the
 traces' measured steps, the measured verify profile t(n) and the proposer's own measured
 time.  Two artifacts are measured on first use and cached, keyed by everything they depend
@@ -34,7 +36,7 @@ from draftwise.build import build_decoder, make_proposers
 from draftwise.spec import fitted_generation, proposal_shape
 from draftwise.preflight import preflight
 from draftwise.errors import DraftwiseError, InputError
-from draftwise.spec import AutoDrafter, AutoGate, DecoderSpec, GateProfile
+from draftwise.spec import AutoDrafter, AutoGate, DecoderSpec, DrafterSpec, GateProfile, UnionDrafter
 from draftwise.engine import GenerationConfig
 from draftwise.gate import CostGateConfig
 from draftwise.optimize.auto import AutoTreeConfig, artifact_matches, auto_gate_directory, ensure_profile, gate_rows
@@ -86,6 +88,7 @@ def candidate_specs(spec: DecoderSpec, has_draft: bool) -> tuple[list[tuple[str,
     base = replace(spec, drafter=None, gate=None, draft=None)
     named: list[tuple[str, DecoderSpec]] = [("plain", base)]
     skipped: list[tuple[str, str]] = []
+    singles: list[DrafterSpec] = []
     for drafter in spec.drafter.candidates:
         family = drafter.family
         if family.needs_draft_model:
@@ -99,6 +102,12 @@ def candidate_specs(spec: DecoderSpec, has_draft: bool) -> tuple[list[tuple[str,
         named.append((family.name, replace(base, drafter=drafter, draft=draft)))
         if family.free_to_ask:
             named.append((f"{family.name}+gate", replace(base, drafter=drafter, draft=draft, gate=AutoGate())))
+        singles.append(drafter)
+    for union in unions_of(singles):  # a free source merged with another: one round, both proposals
+        draft = spec.draft if union.needs_draft_model else None
+        named.append((union.name, replace(base, drafter=union, draft=draft)))
+        if all(m.family.free_to_ask for m in union.members):
+            named.append((f"{union.name}+gate", replace(base, drafter=union, draft=draft, gate=AutoGate())))
     kept = []
     for name, candidate in named:
         try:
@@ -114,6 +123,15 @@ def candidate_specs(spec: DecoderSpec, has_draft: bool) -> tuple[list[tuple[str,
             continue
         kept.append((name, candidate))
     return kept, skipped
+
+
+def unions_of(singles: Sequence[DrafterSpec]) -> list[UnionDrafter]:
+    """The two-source unions `--proposer auto` also replays: a free-to-ask source (prompt lookup,
+    REST) first, merged with each candidate after it.  Sources that read the target's hidden
+    states are no auto candidates (a plain trace has none), so `prompt-lookup+hydra` is chosen by
+    naming it."""
+    return [UnionDrafter((a, b)) for i, a in enumerate(singles) if a.family.free_to_ask
+            for b in singles[i + 1:] if not b.family.drafts_on_target]
 
 
 def auto_preflight(spec: DecoderSpec) -> str:
@@ -275,7 +293,7 @@ def replay_candidate(spec: DecoderSpec, target: Backend, draft: Backend | None, 
     seconds, tokens = [], []
     accepted = later_rounds = rounds_total = 0
     for trace in traces:
-        rounds = replay(trace, proposers[0] if proposers else None, max_new_tokens=trace_tokens, limits=limits,
+        rounds = replay(trace, proposers, max_new_tokens=trace_tokens, limits=limits,
                         context_length=target.info.context_length, gate=gate, policy=spec.generation.policy,
                         seed=spec.generation.seed)
         seconds.append(predicted_seconds(trace, rounds, profile))

@@ -89,7 +89,7 @@ def trace_from_records(prompt: Sequence[int], tokens: Sequence[int], round_secon
 
 def replay(
     trace: Trace,
-    proposer: Proposer | None,
+    proposer: Proposer | Sequence[Proposer] | None,
     *,
     max_new_tokens: int,
     limits: TreeLimits,
@@ -102,15 +102,16 @@ def replay(
     `max_new_tokens` is the limit the trace was made under."""
     if len(trace.tokens) > max_new_tokens:
         raise ValueError(f"the trace has {len(trace.tokens)} tokens, more than max_new_tokens={max_new_tokens}")
-    proposers = [] if proposer is None else [proposer]
+    # one proposer, or a union's members (their candidates merged by full prefix, as the engine does)
+    proposers = [] if proposer is None else list(proposer) if isinstance(proposer, Sequence) else [proposer]
     target = TraceBackend(trace.prompt, trace.tokens, context_length, trace_eos(trace, max_new_tokens))
     config = GenerationConfig(max_new_tokens=max_new_tokens, policy=policy, seed=seed, limits=limits, gate=gate)
     result = SpeculativeDecoder(target, proposers, replay_verifier(policy), config).generate(list(trace.prompt))
     if result.tokens[: len(trace.tokens)] != tuple(trace.tokens):  # the last bonus token is checked here
         raise TraceDiverged(f"the engine published {list(result.tokens)} on the trace {list(trace.tokens)}")
-    phase = None if proposer is None else proposer.phase
+    phases = tuple(sorted({p.phase for p in proposers}))
     left = left_per_round(result.records, len(trace.tokens))  # [rounds]
-    return [replayed(record, phase, n) for record, n in zip(result.records, left) if n > 0]
+    return [replayed(record, phases, n) for record, n in zip(result.records, left) if n > 0]
 
 
 def trace_eos(trace: Trace, max_new_tokens: int) -> frozenset[int]:
@@ -138,10 +139,11 @@ def left_per_round(records: Sequence[RoundRecord], trace_len: int) -> list[int]:
     return out
 
 
-def replayed(record: RoundRecord, phase: str | None, left: int) -> ReplayedRound:
-    """One engine round as the replay reports it, cut to the `left` tokens the trace still held."""
+def replayed(record: RoundRecord, phases: Sequence[str], left: int) -> ReplayedRound:
+    """One engine round as the replay reports it, cut to the `left` tokens the trace still held
+    (`phases`: the ledger phases the proposers' time went to)."""
     emitted = min(record.emitted, left)
-    propose_s = 0.0 if phase is None else record.seconds.get(phase, 0.0)
+    propose_s = sum(record.seconds.get(phase, 0.0) for phase in phases)
     return ReplayedRound(record.nodes, min(record.accepted, emitted), emitted, record.gated, propose_s)
 
 
