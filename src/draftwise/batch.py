@@ -170,6 +170,8 @@ class BatchDecoder:
         for request in list(self._active.values()):
             if request.waiting is None and request.drafting is None:  # just admitted: run it to its first stop
                 self._advance(request, None, events)
+        published = len(events)
+        start = time.perf_counter()  # the round's draft steps are part of its price
         drafted = self._draft(events)
         waiting = [r for r in self._active.values() if r.waiting is not None]
         if not waiting:
@@ -177,8 +179,6 @@ class BatchDecoder:
         # only steady rounds are priced: a prompt read in the forward is no decoding step
         steady = self.harm is not None and all(r.waiting is not None and not r.waiting.unread for r in waiting)
         arm, explored = self.harm.play(len(waiting)) if steady and self.harm is not None else (Arm.SPECULATE, False)
-        published = len(events)
-        start = time.perf_counter()
         verified = self._verify(waiting, arm)
         self.rounds[-1] = replace(self.rounds[-1], drafting=drafted[0], draft_calls=drafted[1])
         for request, logits in verified:

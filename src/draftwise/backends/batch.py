@@ -70,7 +70,7 @@ DraftCall = Extend | VerifyCall | GrowRound
 def draft_alone(backend: Backend, call: DraftCall) -> TargetLogits:
     """A draft call answered on one sequence's backend (a request decoded alone)."""
     if isinstance(call, Extend):
-        return backend.extend(call.tokens)
+        return backend.extend(list(call.tokens))
     if isinstance(call, GrowRound):
         return backend.verify_more(call.round_, call.first_row)
     return backend.verify(call.pending, call.round_, call.unread)

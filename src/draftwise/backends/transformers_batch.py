@@ -302,8 +302,10 @@ class TransformersBatch:
         return [logits for logits in out if logits is not None]
 
     def _forward(self, calls: list[Call], shared: bool) -> list[TorchLogits]:
-        """One forward over `calls` (distinct, non-provisional slots): in place over every batch
-        row when `shared`, else over a copy of the calls' rows; the slots' state is updated."""
+        """One forward over `calls` (distinct slots, none provisional but a growing tree's): in place
+        over every batch row when `shared`, else over a copy of the calls' rows; the slots' state is
+        updated (rows read as context moved right after the slot's committed ones, a tree's next
+        level right after its provisional rows)."""
         states = [self._slots[call.slot] for call in calls]
         if shared:
             call_of = {call.slot: call for call in calls}
