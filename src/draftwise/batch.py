@@ -212,6 +212,7 @@ class BatchDecoder:
 
     # ---- internals -----------------------------------------------------------------------
     def _admit(self, events: list[Event]) -> None:
+        joined = False
         while self._queue and len(self._active) < self.target.max_slots:
             request = self._queue.popleft()
             try:
@@ -223,6 +224,9 @@ class BatchDecoder:
                 events.append(Failed(request.id, exc))
                 continue
             self._active[request.id] = request
+            joined = True
+        if joined and self.harm is not None:  # the batch's regime changed: look at the other arm again
+            self.harm.joined(len(self._active))
 
     def _draft(self, events: list[Event]) -> tuple[float, int]:
         """Answer the requests' draft steps, one call per shared drafter and step, until every

@@ -164,6 +164,16 @@ class DoNoHarm:
         elif explored:
             state.interval = min(2 * state.interval, self.config.max_interval)
 
+    def joined(self, batch: int) -> None:
+        """A request joined a batch of `batch`: what the arms measured belonged to other requests
+        (at batch 1, to another prompt), so the arm not chosen is explored at the next round and
+        the exploration interval starts over."""
+        state = self._states.get(batch)
+        if state is None or any(rate.rounds < self.config.warmup for rate in state.rates.values()):
+            return
+        state.interval = self.config.explore_every
+        state.since_explore = max(state.since_explore, state.interval - 1)
+
     def estimates(self, batch: int) -> dict[Arm, float]:
         """Committed tokens per second of each arm at `batch` (0.0 where not yet played)."""
         state = self._states.get(batch)

@@ -109,3 +109,16 @@ def test_a_stale_arm_keeps_its_past_while_the_other_plays():
         estimate = controller.estimates(1)[Arm.PLAIN]
         want = (0.9 * 75 + 10) / 1.9 if stale == 1.0 else expected
         assert estimate == pytest.approx(want)
+
+
+def test_a_request_joining_makes_the_next_round_explore_and_restarts_the_interval():
+    controller = DoNoHarm(DoNoHarmConfig(explore_every=4, max_interval=64))
+    played = run(controller, {Arm.PLAIN: 100.0, Arm.SPECULATE: 50.0}, 200, batch=1)
+    assert controller._states[1].interval == 64  # explorations kept confirming plain
+    controller.joined(1)
+    arm, explored = controller.play(1)
+    assert (arm, explored) == (Arm.SPECULATE, True)
+    assert controller._states[1].interval == 4
+    assert played[-1] is Arm.PLAIN
+    controller.joined(3)  # a batch size never seen: nothing to restart
+    assert 3 not in controller._states
