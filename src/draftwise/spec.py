@@ -176,7 +176,9 @@ class Guard(Enum):
     """The do-no-harm guard (`guard=`, `draftwise.batch_control`): where each round may fall back
     to a plain step because plain steps measured more committed tokens per second."""
 
-    BATCH = "batch"  # batches only (the default): a shared forward's rows compete with other requests'
+    # batches only (the default), and a request whose proposer `auto` chose (`optimize.auto_proposer.guarded`):
+    # a shared forward's rows compete with other requests', and a replay predicts from other prompts
+    BATCH = "batch"
     ON = "true"  # single requests too: a request's own rounds, with a small exploration budget
     OFF = "false"  # speculate in every round
 

@@ -183,3 +183,18 @@ def test_auto_replays_a_union_of_prompt_lookup_and_the_draft_model(tmp_path):
     scores = {s.name: s for s in choice.scores}
     assert {"draft-model", "prompt-lookup+draft-model"} <= set(scores), choice.table()
     assert scores["prompt-lookup+draft-model"].mean_accepted >= scores["draft-model"].mean_accepted
+
+
+def test_auto_puts_its_choice_behind_the_guard_unless_told_otherwise(tmp_path):
+    from dataclasses import replace as _replace
+
+    from draftwise.spec import Guard
+
+    target = tiny_backend(0)
+    directory = auto_gate_directory(target, 11, tmp_path, CONFIG, chain=True)
+    profile([1.0] * 11, model=target.info.checkpoint).save(directory)  # rows free: lookup is chosen
+    choice, _ = choose(target, tmp_path)
+    assert choice.spec.drafter is not None and choice.spec.guard is Guard.ON
+    assert "do-no-harm guard" in choice.table()
+    off, _ = choose(target, tmp_path, _replace(SPEC, guard=Guard.OFF))
+    assert off.spec.guard is Guard.OFF

@@ -36,7 +36,7 @@ from draftwise.build import build_decoder, make_proposers
 from draftwise.spec import fitted_generation, proposal_shape
 from draftwise.preflight import preflight
 from draftwise.errors import DraftwiseError, InputError
-from draftwise.spec import AutoDrafter, AutoGate, DecoderSpec, DrafterSpec, GateProfile, UnionDrafter
+from draftwise.spec import AutoDrafter, AutoGate, DecoderSpec, DrafterSpec, GateProfile, Guard, UnionDrafter
 from draftwise.engine import GenerationConfig
 from draftwise.gate import CostGateConfig
 from draftwise.optimize.auto import AutoTreeConfig, artifact_matches, auto_gate_directory, ensure_profile, gate_rows
@@ -73,6 +73,8 @@ class ProposerChoice:
 
     def table(self) -> str:
         lines = [f"{'candidate':<22} {'s/token':>9} {'speedup':>8} {'accepted':>9}"]
+        if self.spec.guard is Guard.ON and self.spec.drafter is not None:
+            lines.insert(0, "behind the do-no-harm guard: plain steps wherever the rounds measure them faster")
         for s in self.scores:
             mark = "  <- chosen" if s.name == self.chosen else ""
             lines.append(f"{s.name:<22} {s.seconds_per_token:>9.4f} {s.speedup:>7.2f}x {s.mean_accepted:>9.2f}{mark}")
@@ -238,8 +240,18 @@ def choose_proposer(
                                     r.rounds, r.tokens_per_s) for (name, _), r in zip(resolved, replays)),
                     key=lambda c: c.seconds_per_token)  # stable: ties keep plain (listed first) ahead
     chosen = scores[0].name
-    chosen_spec = dict(resolved)[chosen]
+    chosen_spec = guarded(dict(resolved)[chosen], spec.guard)
     return ProposerChoice(chosen, chosen_spec, tuple(scores), tuple(skipped), traces_dir, profile_dir)
+
+
+def guarded(chosen: DecoderSpec, asked: Guard) -> DecoderSpec:
+    """The chosen configuration behind the do-no-harm guard, unless the user set `guard=` other
+    than its default: the replay predicts from calibration prompts, and the guard keeps
+    speculating only while the request's own rounds measure faster than plain steps (a prompt
+    unlike the calibration set, a busy machine)."""
+    if chosen.drafter is None or asked is not Guard.BATCH:
+        return chosen
+    return replace(chosen, guard=Guard.ON)
 
 
 @dataclass(frozen=True)
