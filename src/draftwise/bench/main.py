@@ -18,6 +18,7 @@ from draftwise.bench.report import write_report
 from draftwise.bench.runner import (
     BenchSettings,
     Session,
+    check_noise,
     make_plan,
     peak_rss_mb,
     pending_generations,
@@ -52,6 +53,7 @@ def run_bench(settings: BenchSettings, out: Path, resume: bool = False, console:
         if executors:
             say(f"warm-up: {len(executors)} method(s), {settings.warmup_tokens} tokens each")
             warm_up(executors, plan.workload.questions[0], settings.warmup_tokens, session)
+            session.noise["start"] = check_noise(executors, plan.workload.questions[0])
     for name, reason in session.skipped.items():
         console.print(f"[yellow]skipped[/] {name}: {reason}")
     models = {m.target for m in plan.methods} | {m.draft for m in plan.methods if m.draft}
@@ -87,6 +89,11 @@ def run_bench(settings: BenchSettings, out: Path, resume: bool = False, console:
                 close = getattr(executor, "close", None)
                 if callable(close):
                     close()
+    if executors:
+        session.noise["end"] = check_noise(executors, plan.workload.questions[0])
+        for when, check in session.noise.items():
+            if check.get("reliable") is False:
+                console.print(f"[yellow]noise check ({when} of the timed part)[/]: {check['verdict']}")
     record_session()
     return finish(out)
 

@@ -75,6 +75,18 @@ def _dtypes(summary: dict) -> str:
     return f"{asked} (loaded as {', '.join(loaded) or 'nothing'})" if asked == "auto" else asked
 
 
+def _noise_lines(noise: dict) -> list[str]:
+    """The noise checks (a short generation of the first method repeated) at the start and end of
+    the timed part: an unreliable one says the run's ratios may be the machine's."""
+    checks = [(when, c) for when, c in noise.items() if "verdict" in c]
+    if not checks:
+        return []
+    said = "; ".join(f"{when}: {c['verdict']}" for when, c in checks)
+    if all(c["reliable"] for _, c in checks):
+        return [f"Noise check ({checks[0][1]['method']}, a short generation repeated): {said}."]
+    return [f"**Measured on a busy machine**: {said}. The ratios below may be the machine's; repeat on an idle one."]
+
+
 def _overview(summary: dict) -> list[str]:
     s = summary["settings"]
     env = summary.get("environment", {})
@@ -91,6 +103,7 @@ def _overview(summary: dict) -> list[str]:
         f"libraries {', '.join(f'{k} {v}' for k, v in env.get('libraries', {}).items() if v)}.",
         *([f"Peak memory (the process's maximum RSS, every model loaded): {summary['peak_rss_mb']:.0f} MB."]
           if summary.get("peak_rss_mb") is not None else []),
+        *_noise_lines(summary.get("noise") or {}),
         *([f"**Resumed across environments**: {len(summary['earlier_environments'])} earlier session(s) ran in another "
            "environment (machine, threads, libraries or model files; see summary.json), so answers from different "
            "sessions were not measured side by side."] if summary.get("earlier_environments") else []),

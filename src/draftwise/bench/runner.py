@@ -39,6 +39,7 @@ from draftwise.bench.store import Answer, ResultStore, error_answer
 from draftwise.workloads import Question, Workload, messages_for, parse_workloads
 from draftwise.engine import GenerationConfig
 from draftwise.sampling import SamplingPolicy
+from draftwise.timing import noise_check
 
 GENERATION_ERRORS = (RuntimeError, ValueError)  # backend refusals, context overflow, torch errors
 
@@ -105,6 +106,9 @@ class Session:
     rss_after_load_mb: dict[str, float] = field(default_factory=dict)
     checkpoints: dict[str, dict] = field(default_factory=dict)  # method -> backend identity
     gate_profiles: dict[str, dict] = field(default_factory=dict)  # gated method -> the t(n) its gate used
+    # "start" / "end" of the timed part -> a noise check (a short generation repeated): whether the
+    # machine ran steadily enough for the run's ratios to mean anything
+    noise: dict[str, dict] = field(default_factory=dict)
 
 
 def peak_rss_mb() -> float:
@@ -141,6 +145,21 @@ def warm_up(executors: dict[str, Executor], question: Question, tokens: int, ses
         profile = executor.gate_profile()
         if profile is not None:
             session.gate_profiles[name] = profile
+
+
+def check_noise(executors: dict[str, Executor], question: Question, tokens: int = 8) -> dict:
+    """A noise check on the first method: a `tokens`-token generation of the first question,
+    repeated (`draftwise.timing.noise_check`)."""
+    if not executors:
+        return {}
+    name, executor = next(iter(executors.items()))
+    prompt = executor.chat_prompt(messages_for(question, 0, []))
+    try:
+        check = noise_check(lambda: executor.run(prompt, max_new_tokens=tokens))
+    except GENERATION_ERRORS as exc:
+        return {"method": name, "error": f"{exc.__class__.__name__}: {exc}"}
+    return {"method": name, "cv": round(check.cv, 4), "load_per_core": round(check.load_per_core, 3),
+            "reliable": check.reliable, "verdict": check.describe()}
 
 
 def answer_question(executor: Executor, question: Question) -> list[TurnOutput]:

@@ -79,6 +79,7 @@ def build_summary(root: Path) -> dict:
         "environment": session.get("environment", {}),
         "earlier_environments": session.get("earlier_environments", []),  # resumed from other machines or libraries
         "peak_rss_mb": session.get("peak_rss_mb"),
+        "noise": session.get("noise", {}),  # the noise checks at the start and end of the timed part
         "checkpoints": session.get("checkpoints", {}),
         "gate_profiles": session.get("gate_profiles", {}),  # the t(n) each gated method decided by
         "earlier_gate_profiles": session.get("earlier_gate_profiles", []),  # earlier sessions' differing ones
