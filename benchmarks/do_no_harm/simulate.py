@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
