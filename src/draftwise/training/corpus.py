@@ -4,6 +4,12 @@ answered either by ShareGPT's own assistant turn (`sharegpt`) or by the target i
 Medusa reproductions).  Questions that share a 12-word window with a Spec-Bench or HumanEval
 question are dropped, counted and recorded, so training never sees an evaluation question.
 
+Beyond that draw, `extra_prompts` and `code_prompts` add training conversations (never
+validation ones, so a grown corpus keeps its validation conversations): the next eligible
+conversations of the same shuffle, the code ones picked by `is_code`.  No code-instruction set
+installs from a package registry with checksums here (HumanEval is an evaluation set), so
+"code prompts" are ShareGPT's code conversations.
+
 Self-distilled answers are appended to a JSONL file as they are generated, so an interrupted
 preparation resumes where it stopped.
 """
@@ -39,15 +45,24 @@ class CorpusRecipe:
     shortest: int = option(0, help="keep only this many conversations, those with the shortest prompts (0: all); "
                                    "a CPU budget that keeps the recipe reproducible")
     seed: int = option(0, help="which conversations are drawn")
+    extra_prompts: int = option(0, help="more training conversations past the draw above (the shuffle's next ones, "
+                                        "code or not; `shortest` does not cut them)")
+    code_prompts: int = option(0, help="more training conversations about code (ShareGPT's, by `is_code`) past the "
+                                       "draw above")
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise InputError(f"corpus mode must be one of {MODES}, got {self.mode!r}")
+        if self.extra_prompts < 0 or self.code_prompts < 0:
+            raise InputError("extra_prompts and code_prompts must be >= 0")
         if self.prompts < 1 or self.validation < 1 or self.answer_tokens < 2:
             raise InputError("a corpus needs >= 1 training and >= 1 validation conversation and answers of >= 2 tokens")
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The growth keys only when set: an older recipe keeps the dict (and the cache directory
+        hash) it had."""
+        grown = ("extra_prompts", "code_prompts")
+        return {k: v for k, v in asdict(self).items() if k not in grown or v}
 
 
 @dataclass(frozen=True)
@@ -56,6 +71,7 @@ class Conversation:
     split: str  # "train" or "validation"
     question: str
     answer: str  # ShareGPT's assistant turn (used by mode "sharegpt")
+    source: str = "draw"  # "draw" (prompts + validation), "extra" or "code" (training only)
 
 
 def words(text: str) -> list[str]:
@@ -65,6 +81,25 @@ def words(text: str) -> list[str]:
 def shingles(text: str) -> set[tuple[str, ...]]:
     w = words(text)
     return {tuple(w[i : i + SHINGLE]) for i in range(max(len(w) - SHINGLE + 1, 1))} if w else set()
+
+
+# A code conversation: ShareGPT's own answer holds a fenced block, or the question shows code
+# (a fence, a definition, an import, a statement ending in a brace or semicolon, a shell
+# prompt) or names a language with a programming verb.  A heuristic, recorded with the data.
+_FENCE = re.compile(r"```")
+_CODE_LINE = re.compile(r"^\s*(def |class |import |from \S+ import |#include|function |public |const |let |var |"
+                        r"SELECT |CREATE |\$ |>>> |.*[;{}]\s*$)", re.MULTILINE)
+_LANGUAGE = re.compile(r"\b(python|javascript|typescript|java|c\+\+|c#|golang|rust|sql|bash|html|css|react|"
+                       r"node\.?js|php|ruby|kotlin|swift|regex|api)\b", re.IGNORECASE)
+_VERB = re.compile(r"\b(code|function|script|program|implement|debug|error|class|method|query|bug|compile)\b",
+                   re.IGNORECASE)
+
+
+def is_code(question: str, answer: str) -> bool:
+    """Whether a conversation is about code (see the patterns above)."""
+    if _FENCE.search(answer) or _FENCE.search(question) or _CODE_LINE.search(question):
+        return True
+    return bool(_LANGUAGE.search(question) and _VERB.search(question))
 
 
 def evaluation_shingles() -> set[tuple[str, ...]]:
@@ -122,9 +157,20 @@ def draw_conversations(recipe: CorpusRecipe) -> tuple[list[Conversation], dict]:
     random.Random(recipe.seed).shuffle(candidates)
     chosen = [Conversation(k, "train" if i < recipe.prompts else "validation", q, a)
               for i, (k, q, a) in enumerate(candidates[:need])]
+    code = [c for c in candidates[need:] if is_code(c[1], c[2])][: recipe.code_prompts]
+    taken = {c[0] for c in code}
+    extra = [c for c in candidates[need:] if c[0] not in taken][: recipe.extra_prompts]
+    if len(code) < recipe.code_prompts or len(extra) < recipe.extra_prompts:
+        raise InputError(f"only {len(code)} code and {len(extra)} other conversations left past the draw in the first "
+                         f"{recipe.scan}; {recipe.code_prompts} and {recipe.extra_prompts} asked for (raise scan)")
+    chosen += [Conversation(k, "train", q, a, "code") for k, q, a in code]
+    chosen += [Conversation(k, "train", q, a, "extra") for k, q, a in extra]
     check = {"evaluation_sets": ["spec-bench (dev split, every turn)", "humaneval (164 prompts)"],
              "rule": f"no shared {SHINGLE}-word window", "dropped_overlapping": dropped,
              "eligible": len(candidates)}
+    if recipe.code_prompts or recipe.extra_prompts:
+        check["code_rule"] = "is_code: a fenced block in either turn, a code-like line in the question, or a language " \
+                             "and a programming word in it"
     return chosen, check
 
 

@@ -28,6 +28,9 @@ from draftwise.training.train import TrainRecipe, train_heads
 
 log = logging.getLogger(__name__)
 
+GROUP = 128  # added conversations answered as one group (sorted by length, then batched): small
+# enough that a corpus cut short (fewer `extra_prompts`) keeps nearly all the answers it paid for
+
 
 @dataclass(frozen=True)
 class TrainingRun:
@@ -53,8 +56,12 @@ def hidden_stream(run: TrainingRun, target) -> tuple[HiddenStream, dict]:
     stream_dir = work / "stream"
     try:
         stream = load_stream(stream_dir)
-        log.info("hidden states: reusing %s (%d tokens)", stream_dir, len(stream.tokens))
-        return stream, dict(stream.provenance)
+        if stream.provenance.get("corpus") == run.corpus.as_dict():
+            log.info("hidden states: reusing %s (%d tokens)", stream_dir, len(stream.tokens))
+            return stream, dict(stream.provenance)
+        # a --work directory shared by corpus recipes (one grown or cut short): the answers
+        # are reused chunk by chunk, the stream is packed again for this recipe
+        log.info("hidden states: %s was packed for another corpus recipe; packing this one", stream_dir)
     except ArtifactError:
         pass
     started = time.perf_counter()
@@ -68,13 +75,20 @@ def hidden_stream(run: TrainingRun, target) -> tuple[HiddenStream, dict]:
         # batched greedy answers on the transformers target, hidden states kept on the way
         prompts = [(c, target.chat_prompt([{"role": "user", "content": c.question}])) for c in conversations]
         prompts = [(c, p) for c, p in prompts if len(p) <= run.corpus.prompt_tokens]
+        drawn = [pair for pair in prompts if pair[0].source == "draw"]
         if run.corpus.shortest:  # a stable sort: the same conversations, batched as without the cut
-            keep = set(sorted(range(len(prompts)), key=lambda i: len(prompts[i][1]))[: run.corpus.shortest])
-            prompts = [pair for i, pair in enumerate(prompts) if i in keep]
+            keep = set(sorted(range(len(drawn)), key=lambda i: len(drawn[i][1]))[: run.corpus.shortest])
+            drawn = [pair for i, pair in enumerate(drawn) if i in keep]
+        prompts = drawn + [pair for pair in prompts if pair[0].source != "draw"]
+        # the draw is one group, the added conversations groups of GROUP: a corpus grown by more
+        # of them reuses the answers of every whole group it had
+        groups = [range(len(drawn))] + [range(s, min(s + GROUP, len(prompts))) for s in range(len(drawn), len(prompts), GROUP)]
         answered = distill_chunks([p for _, p in prompts], target.model, target.info.eos_token_ids,
-                                  run.corpus.answer_tokens, run.batch, work / "distill")
+                                  run.corpus.answer_tokens, run.batch, work / "distill", groups)
         samples = [Sample(c.key, c.split, tuple(p), tuple(a)) for (c, p), (a, _) in zip(prompts, answered)]
-        provenance.update(answers_by="transformers generate (greedy, batched, left-padded)",
+        provenance["sources"] = {source: sum(c.source == source for c, _ in prompts)
+                                 for source in ("draw", "code", "extra") if any(c.source == source for c, _ in prompts)}
+        provenance.update(answers_by="transformers, greedy, batched and left-padded (distill.generate_greedy)",
                           prepare_seconds=round(time.perf_counter() - started, 1))
         stream = write_stream(stream_dir, samples, [h for _, h in answered], provenance)
     else:
@@ -103,7 +117,9 @@ def run_training(run: TrainingRun) -> dict:
     weights_out = target.model.get_output_embeddings().weight.detach().float()  # [V, d]
     weights_in = target.model.get_input_embeddings().weight.detach().float()  # [V, d]
     work = work_dir(run, target.info.checkpoint)
-    checkpoints = work / f"checkpoints-{stable_hash(run.recipe.as_dict())[:12]}"
+    # keyed by the stream too: a --work directory whose stream was packed again (another corpus
+    # recipe) must not resume training from a checkpoint of the other data
+    checkpoints = work / f"checkpoints-{stable_hash([run.recipe.as_dict(), stream.manifest_hash])[:12]}"
     trained = time.perf_counter()
     with torch.enable_grad():
         arch, heads, token_map, metrics = train_heads(run.recipe, stream, weights_out, weights_in, checkpoints)
