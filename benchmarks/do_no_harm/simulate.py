@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -27,8 +27,7 @@ from draftwise.batch_control import Arm, DoNoHarm, DoNoHarmConfig
 from draftwise.proposers.prompt_lookup import PromptLookupConfig, find_continuations
 
 
-@dataclass(frozen=True)
-class Position:
+class Position(NamedTuple):
     rows: int  # rows a lookup round started here verifies (1: nothing proposed)
     accepted: int  # proposed tokens the target accepts
 
