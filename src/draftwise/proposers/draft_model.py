@@ -184,7 +184,10 @@ class DraftModelProposer:
         return propose_alone(self.drafting(context, manifest_hash, max_depth))
 
     def _forward(self, call: DraftCall) -> Generator[DraftRequest, Any, TargetLogits]:
-        """One draft forward, answered by whoever runs the drafting (alone: at once)."""
+        """One draft forward: alone, on the draft backend at once (no step leaves the generator);
+        on a batch's slot, yielded for the batch to answer with every request's."""
+        if isinstance(self._drafter, _Alone):
+            return draft_alone(self.draft, call)
         logits: TargetLogits = yield DraftRequest(self._drafter, self._drafter, call)
         return logits
 

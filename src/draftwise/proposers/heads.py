@@ -165,7 +165,7 @@ class HeadForward:
         if len({step.level for step in steps}) > 1 and not isinstance(self.heads, MedusaHeads):
             raise InputError("one head forward serves one level")
         sizes = [step.states.shape[0] for step in steps]
-        states = torch.cat([step.states for step in steps])  # [sum P, d]
+        states = steps[0].states if len(steps) == 1 else torch.cat([step.states for step in steps])  # [sum P, d]
         with torch.inference_mode():
             if isinstance(self.heads, MedusaHeads):  # every depth from the one state: one stage
                 depth = max(step.level for step in steps)
@@ -173,7 +173,7 @@ class HeadForward:
                 logits = self.heads.logits(per_depth, self.vocab)  # [D, sum P, V_d]
                 return [HeadOut(part[: step.level, 0]) for step, part in zip(steps, logits.split(sizes, dim=1))]
             assert self.embed is not None
-            paths = torch.cat([step.paths for step in steps])  # [sum P, level]
+            paths = steps[0].paths if len(steps) == 1 else torch.cat([step.paths for step in steps])  # [sum P, level]
             level = steps[0].level
             if isinstance(self.heads, CloverHeads):
                 after = self.heads.step(states, self.embed[paths[:, -1]])  # [sum P, d]: one recurrence step
@@ -247,10 +247,15 @@ class HeadsProposer:
         return None if h is None else torch.from_numpy(np.asarray(h, dtype=np.float32))
 
     def propose(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None) -> ProposalResult:
-        return propose_alone(self.drafting(context, manifest_hash, max_depth))
+        return propose_alone(self._drafting(context, manifest_hash, max_depth, alone=True))
 
     def drafting(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None,
                  ) -> Generator[DraftRequest, Any, ProposalResult]:
+        return self._drafting(context, manifest_hash, max_depth, alone=False)
+
+    def _drafting(self, context: Sequence[int], manifest_hash: str, max_depth: int | None, alone: bool,
+                  ) -> Generator[DraftRequest, Any, ProposalResult]:
+        """`alone`: each level's head forward runs at once (no step leaves the generator)."""
         template = self.template
         self.last_seconds = {}
         if max_depth is not None:
@@ -261,7 +266,7 @@ class HeadsProposer:
         h = self.frontier_state(context) if template else None
         context_seconds = time.perf_counter() - clock
         if template and h is not None:
-            nodes, rows = yield from self._expand(int(context[-1]), h, template)
+            nodes, rows = yield from self._expand(int(context[-1]), h, template, alone)
             if self.prefix is not None:
                 self.last_seconds["context"] = context_seconds
         return ProposalResult(
@@ -275,13 +280,15 @@ class HeadsProposer:
         """The heads' forward (over this request's rows alone, or a batch's at the same level)."""
         return HeadForward(self.headset, self.vocab, self.embed)
 
-    def _step(self, step: HeadStep) -> Generator[DraftRequest, Any, HeadOut]:
-        """One level's head forward, answered by whoever runs the drafting (alone: at once)."""
+    def _step(self, step: HeadStep, alone: bool) -> Generator[DraftRequest, Any, HeadOut]:
+        """One level's head forward: at once alone, else yielded for a batch to answer with every request's."""
+        if alone:
+            return self.forward.draft_many([step])[0]
         level = 0 if isinstance(self.headset.heads, MedusaHeads) else step.level  # Medusa's depths mix in one call
         out: HeadOut = yield DraftRequest((self.headset.manifest_hash, level), self.forward, step)
         return out
 
-    def _expand(self, pending: int, h: torch.Tensor, template: Template,
+    def _expand(self, pending: int, h: torch.Tensor, template: Template, alone: bool,
                 ) -> Generator[DraftRequest, Any, tuple[list[ProposalNode], dict[int, np.ndarray]]]:
         slots = slots_by_parent(template)
         widths = num_children(template)
@@ -305,17 +312,17 @@ class HeadsProposer:
             paths = torch.tensor([tokens_of[n] for n in parent_nodes])  # [P, level]
             if isinstance(self.headset.heads, MedusaHeads):
                 if medusa_logits is None:  # every depth from the one state: one stage
-                    medusa_logits = (yield from self._step(HeadStep(max(depth_of), h[None], paths[:1]))).logits  # [D, V_d]
+                    medusa_logits = (yield from self._step(HeadStep(max(depth_of), h[None], paths[:1]), alone)).logits  # [D, V_d]
                 level_logits = medusa_logits[level - 1][None].expand(len(parents), -1)  # [P, V_d], one row shared
                 shared = True
             elif isinstance(self.headset.heads, CloverHeads):
                 previous = torch.stack([h if n == -1 else clover_state[nodes[n].parent] for n in parent_nodes])  # [P, d]
-                out = yield from self._step(HeadStep(level, previous, paths))
+                out = yield from self._step(HeadStep(level, previous, paths), alone)
                 assert out.states is not None
                 clover_state.update(zip(parent_nodes, out.states))
                 level_logits, shared = out.logits, False  # [P, V_d]
             else:
-                level_logits = (yield from self._step(HeadStep(level, h[None].expand(len(parents), -1), paths))).logits
+                level_logits = (yield from self._step(HeadStep(level, h[None].expand(len(parents), -1), paths), alone)).logits
                 shared = False  # [P, V_d]
             probs = self._policy.probs(level_logits[:1].numpy() if shared else level_logits.numpy())  # [P or 1, V_d]
             sure = torch.softmax(level_logits, dim=-1) if self.config.confidence else None  # [P, V_d] raw head law
