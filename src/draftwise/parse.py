@@ -41,7 +41,7 @@ def parse_drafter(name: str, values: Mapping[str, str], registry: DrafterRegistr
         return None
     if name == "auto":
         return _parse_auto(values, registry, calibration)
-    if UNION_SEPARATOR in name:
+    if UNION_SEPARATOR in name and name not in registry.names():  # hydra++ is one family
         return _parse_union(name, values, registry)
     family = registry.get(name)
     own = set(config_keys(family.config))
@@ -53,14 +53,26 @@ def parse_drafter(name: str, values: Mapping[str, str], registry: DrafterRegistr
     return DrafterSpec(family, parse_config(family.config, values, f"proposer {name}"))
 
 
+def union_members(name: str, registry: DrafterRegistry = DRAFTERS) -> list[str]:
+    """The family names of `a+b[+c]`, read against the registry (a family's own name may hold a
+    '+': `prompt-lookup+hydra++` is prompt-lookup and hydra++)."""
+    words, start = [], 0
+    while start <= len(name):
+        fits = [n for n in registry.names() if name.startswith(n, start)
+                and (start + len(n) == len(name) or name[start + len(n)] == UNION_SEPARATOR)]
+        if not fits:
+            raise InputError(f"proposer {name}: {name[start:]!r} does not start with a registered family; a union joins "
+                             f"families with '+' ({', '.join(registry.names())}; none and auto cannot be members)")
+        word = max(fits, key=len)
+        words.append(word)
+        start += len(word) + 1
+    return words
+
+
 def _parse_union(name: str, values: Mapping[str, str], registry: DrafterRegistry) -> UnionDrafter:
     """`a+b[+c]`: each member takes the given keys it declares (a key two members declare
     configures both); a key no member declares is refused."""
-    words = [w.strip() for w in name.split(UNION_SEPARATOR)]
-    if any(w in ("", "none", "auto") for w in words):
-        raise InputError(f"proposer {name}: a union joins registered families with '+' "
-                         f"({', '.join(registry.names())}); none and auto cannot be members")
-    families = [registry.get(w) for w in words]
+    families = [registry.get(w) for w in union_members(name, registry)]
     on_target = [f.name for f in families if f.drafts_on_target]
     if on_target:
         raise InputError(f"proposer {name}: {', '.join(on_target)} drafts with the target's own layers and is not "
@@ -68,7 +80,7 @@ def _parse_union(name: str, values: Mapping[str, str], registry: DrafterRegistry
     owned = {k for f in families for k in config_keys(f.config)}
     foreign = sorted(set(values) - owned)
     if foreign:
-        raise InputError(f"proposer {name}: {', '.join(foreign)} configures none of {', '.join(words)}; "
+        raise InputError(f"proposer {name}: {', '.join(foreign)} configures none of {', '.join(f.name for f in families)}; "
                          f"their keys: {', '.join(sorted(owned)) or 'none'}")
     return UnionDrafter(tuple(
         DrafterSpec(f, parse_config(f.config, {k: v for k, v in values.items() if k in config_keys(f.config)},
