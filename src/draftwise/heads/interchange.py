@@ -108,7 +108,7 @@ def _pickle_refused(path: Path, pickled: Sequence[Path]) -> ArtifactError:
     return ArtifactError(
         f"{path}: the weights are in {names}, a pickle (torch.save); draftwise never unpickles a file, since loading "
         "one runs code. Convert it to safetensors where you trust its origin, e.g. `python -c \"import torch; from "
-        "safetensors.torch import save_file; save_file(torch.load('medusa_lm_head.pt'), "
+        "safetensors.torch import save_file; save_file(torch.load('medusa_lm_head.pt', weights_only=True), "
         "'medusa_lm_head.safetensors')\"`, and import the directory again"
     )
 
