@@ -113,6 +113,12 @@ def _by_source(records: list[RoundRecord]) -> dict[str, dict[str, float]]:
             total[0] += rows > 0
             total[1] += rows
             total[2] += accepted
+    return source_summary(totals)
+
+
+def source_summary(totals: dict[str, list[int]]) -> dict[str, dict[str, float]]:
+    """proposer -> [rounds it proposed in, rows, accepted rows] as the ledger reports it (the
+    engine's per-generation stats and the bench's per-method totals alike)."""
     return {name: {"rounds": n, "rows": rows, "accepted": accepted,
                    "accepted_per_round": round(accepted / n, 4) if n else 0.0}
             for name, (n, rows, accepted) in totals.items()}

@@ -34,7 +34,7 @@ import numpy as np
 
 from draftwise.bench.outputs import ROUND_FIELDS
 from draftwise.bench.store import Answer
-from draftwise.stats import PHASES, RoundRecord, summarize
+from draftwise.stats import PHASES, RoundRecord, source_summary, summarize
 
 
 @dataclass(frozen=True)
@@ -259,6 +259,4 @@ def _by_source(answers: list[Answer]) -> dict[str, dict[str, float]] | None:
             total = totals.setdefault(name, [0, 0, 0])
             for i, n in enumerate(counts):
                 total[i] += int(n)
-    return {name: {"rounds": n, "rows": rows, "accepted": accepted,
-                   "accepted_per_round": round(accepted / n, 4) if n else 0.0}
-            for name, (n, rows, accepted) in totals.items()} or None
+    return source_summary(totals) or None
