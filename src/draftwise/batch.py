@@ -30,9 +30,11 @@ whole batch, down to D = 0, plain batched decoding.
 
 Do no harm.  The profile is taken on equal prefixes; the live batch pads slots of different
 lengths, so its prices can be off.  With a `DoNoHarm` controller (`draftwise.batch_control`),
-each round is played either as the gates and the depth cut chose it or cut to plain batched
+each round is played either as the gates and the depth cut chose it or as plain batched
 decoding, by which of the two the rounds themselves measured to commit more tokens per second
-at this batch size (with a bounded exploration of the other).
+at this batch size (with a bounded exploration of the other).  The arm is chosen before anyone
+proposes (each request's round stops at an `engine.ArmRequest`), so a plain round pays for no
+proposal and no draft forward, and a speculating round's price includes its proposals.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ from draftwise.backends.base import Backend
 from draftwise.backends.batch import BatchBackend, SlotView, VerifyCall, slot_view
 from draftwise.batch_control import Arm, DoNoHarm
 from draftwise.cost_profile import BatchCostProfile
-from draftwise.engine import GenerationConfig, GenerationResult, SpeculativeDecoder, Verified, VerifyRequest
+from draftwise.engine import (ArmRequest, GenerationConfig, GenerationResult, SpeculativeDecoder, Verified,
+                              VerifyRequest)
 from draftwise.gate import rows_within_depths
 from draftwise.topology.compile import CompiledRound, cut_to_depth
 from draftwise.errors import InputError
@@ -113,6 +116,8 @@ class _Request:
     run: Coroutine | None = None
     waiting: VerifyRequest | None = None  # the round's verify it is stopped at
     drafting: DraftRequest | None = None  # or the draft step
+    arming: bool = False  # or the question whether to speculate this round (`engine.ArmRequest`)
+    fresh: bool = True  # its first round (which reads its prompt) is not verified yet
 
 
 @dataclass
@@ -168,20 +173,26 @@ class BatchDecoder:
         events: list[Event] = self._drop_cancelled()
         self._admit(events)
         for request in list(self._active.values()):
-            if request.waiting is None and request.drafting is None:  # just admitted: run it to its first stop
-                self._advance(request, None, events)
+            if request.run is not None and not (request.waiting or request.drafting or request.arming):
+                self._advance(request, None, events)  # just admitted: run it to its first stop
         published = len(events)
-        start = time.perf_counter()  # the round's draft steps are part of its price
+        start = time.perf_counter()  # the round's proposals and draft steps are part of its price
+        # only steady rounds are priced: a prompt read in the forward is no decoding step.  The
+        # arm is chosen before anyone proposes, so a plain round drafts nothing
+        steady = self.harm is not None and not any(r.fresh for r in self._active.values())
+        batch = len(self._active)
+        arm, explored = self.harm.play(batch) if steady and self.harm is not None and batch else (Arm.SPECULATE, False)
+        for request in [r for r in self._active.values() if r.arming]:
+            request.arming = False
+            self._advance(request, arm, events)
         drafted = self._draft(events)
         waiting = [r for r in self._active.values() if r.waiting is not None]
         if not waiting:
             return events
-        # only steady rounds are priced: a prompt read in the forward is no decoding step
-        steady = self.harm is not None and all(r.waiting is not None and not r.waiting.unread for r in waiting)
-        arm, explored = self.harm.play(len(waiting)) if steady and self.harm is not None else (Arm.SPECULATE, False)
         verified = self._verify(waiting, arm)
         self.rounds[-1] = replace(self.rounds[-1], drafting=drafted[0], draft_calls=drafted[1])
         for request, logits in verified:
+            request.fresh = False
             if isinstance(logits, BaseException):
                 self._throw(request, logits, events)
             else:
@@ -189,7 +200,7 @@ class BatchDecoder:
                 self._advance(request, logits, events)
         if steady and self.harm is not None and not self.rounds[-1].retried:
             tokens = sum(len(e.tokens) for e in events[published:] if isinstance(e, Tokens))
-            self.harm.observe(len(waiting), arm, tokens, time.perf_counter() - start, explored)
+            self.harm.observe(batch, arm, tokens, time.perf_counter() - start, explored)
         return events
 
     def events(self) -> Iterator[Event]:
@@ -218,7 +229,7 @@ class BatchDecoder:
             try:
                 request.view = slot_view(self.target, self.target.open())
                 request.decoder = self.decoder_for(request.view, request.config)
-                request.run = request.decoder.coroutine(request.prompt, self._batch_size)
+                request.run = request.decoder.coroutine(request.prompt, self._batch_size, ask_arm=self.harm is not None)
             except Exception as exc:  # a refused configuration or prompt ends this request only
                 self._release(request)
                 events.append(Failed(request.id, exc))
@@ -276,6 +287,9 @@ class BatchDecoder:
                 if isinstance(step, DraftRequest):
                     request.drafting = step
                     return
+                if isinstance(step, ArmRequest):
+                    request.arming = True
+                    return
                 events.append(Tokens(request.id, tuple(step)))
         except StopIteration as done:
             self._end(request)
@@ -287,7 +301,7 @@ class BatchDecoder:
     def _throw(self, request: _Request, error: BaseException, events: list[Event]) -> None:
         """The request's verify or draft step failed: raise it inside its round (which rolls its slot back)."""
         assert request.run is not None
-        request.waiting = request.drafting = None
+        request.waiting, request.drafting, request.arming = None, None, False
         try:
             request.run.throw(error)  # its round re-raises it after rolling back: nothing is resumed
         except Exception:
@@ -390,4 +404,4 @@ class BatchDecoder:
             request.decoder.close()  # its proposers' slots too (a draft model's)
             request.decoder = None
         request.run = None
-        request.waiting = request.drafting = None
+        request.waiting, request.drafting, request.arming = None, None, False

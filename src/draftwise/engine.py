@@ -75,6 +75,13 @@ class VerifyRequest:
 
 
 @dataclass(frozen=True)
+class ArmRequest:
+    """In a batch with a do-no-harm controller, a steady round asks before it proposes whether to
+    speculate; the batch answers every request's at once with an `Arm` (PLAIN: nothing is
+    drafted, the pending row alone is verified), so a plain round pays for no draft forward."""
+
+
+@dataclass(frozen=True)
 class Verified:
     """A verify request answered with the round actually verified: the request's own round cut
     to a smaller depth (`topology.compile.cut_to_depth`), and that round's logits."""
@@ -220,8 +227,8 @@ class SpeculativeDecoder:
         finally:
             run.close()  # a round cut short (an error, an abandoned stream) is rolled back by its `finally`
 
-    def coroutine(self, prompt: Sequence[int], batch_size: Callable[[], int] | None = None,
-                  ) -> Generator[VerifyRequest | DraftRequest | list[int], Any, GenerationResult]:
+    def coroutine(self, prompt: Sequence[int], batch_size: Callable[[], int] | None = None, ask_arm: bool = False,
+                  ) -> Generator[VerifyRequest | DraftRequest | ArmRequest | list[int], Any, GenerationResult]:
         """The generation as a coroutine that stops wherever a round needs the target's forward:
         it yields a `VerifyRequest` and is sent that verify's logits (or `Verified`: the round cut
         further, with its logits), or yields the tokens a round
@@ -229,7 +236,9 @@ class SpeculativeDecoder:
         engine (`draftwise.batch`) gathers every request's `VerifyRequest` into one forward and
         says, through `batch_size`, how many requests share each round (the gate prices it).  In
         a batch (`batch_size` given), a stepped proposer's draft forwards stop it too: it yields
-        the `DraftRequest` and is sent its answer (the batch answers every request's at once)."""
+        the `DraftRequest` and is sent its answer (the batch answers every request's at once).
+        `ask_arm` (a batch with a do-no-harm controller): every steady round that could propose
+        first yields an `ArmRequest` and is sent the `Arm` to play."""
         config = self.config
         if not prompt:
             raise InputError("the prompt has no tokens")
@@ -255,7 +264,8 @@ class SpeculativeDecoder:
             while emitter.stop_reason is None:
                 if gate is not None and batch_size is not None:
                     gate.batch = batch_size()
-                record, emitted = yield from self._round(context, emitter, rng, gate, harm, batch_size is not None)
+                record, emitted = yield from self._round(context, emitter, rng, gate, harm, batch_size is not None,
+                                                         ask_arm)
                 records.append(record)
                 context.extend(emitted)
                 if emitted:
@@ -277,8 +287,8 @@ class SpeculativeDecoder:
         )
 
     def _round(self, context: list[int], emitter: _Emitter, rng: np.random.Generator, gate: CostGate | None,
-               harm: DoNoHarm | None = None, batched: bool = False,
-               ) -> Generator[VerifyRequest | DraftRequest, Any, tuple[RoundRecord, list[int]]]:
+               harm: DoNoHarm | None = None, batched: bool = False, ask_arm: bool = False,
+               ) -> Generator[VerifyRequest | DraftRequest | ArmRequest, Any, tuple[RoundRecord, list[int]]]:
         """One round.  The first also reads the prompt (its `unread` rows) in the verify forward.
         `batched`: a stepped proposer's draft forwards are yielded, for the batch to answer with
         every request's (alone, `propose` answers them inline: the same steps, no detour)."""
@@ -289,6 +299,10 @@ class SpeculativeDecoder:
         reads_prompt = bool(unread)
         # a round that reads the prompt is no decoding step: the guard neither plays nor prices it
         arm, explored = harm.play(1) if harm is not None and not reads_prompt else (Arm.SPECULATE, False)
+        if ask_arm and not reads_prompt and self.proposers and limits.max_depth > 0:
+            arm = yield ArmRequest()  # the batch's controller decides for the whole round
+            if not isinstance(arm, Arm):
+                raise ContractError(f"an arm request is answered with an Arm, got {arm!r}")
         clock = time.perf_counter()
         asked = bool(self.proposers) and limits.max_depth > 0 and arm is Arm.SPECULATE
         results = []

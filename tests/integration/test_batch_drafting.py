@@ -256,3 +256,45 @@ def test_a_failing_draft_step_fails_its_request_only(tiny, draft, monkeypatch):
     assert isinstance(outcome[1], RuntimeError)
     assert [outcome[0].tokens, outcome[2].tokens] == [alone[0], alone[2]]
 
+
+
+@pytest.mark.parametrize("drafter", ["draft-model", "hydra"])
+def test_a_plain_round_chosen_by_the_guard_drafts_nothing(tiny, draft, drafter, tmp_path):
+    """The guard's arm is asked before anyone proposes: in every round it plays plain, no draft
+    forward runs and each request verifies its pending row alone; outputs stay each request's
+    alone.  Planted fault this catches: choosing the arm after drafting (the draft forwards of a
+    plain round are paid and thrown away)."""
+    from draftwise.batch import BatchDecoder
+    from draftwise.batch_control import Arm, DoNoHarm
+
+    from tests.integration.tiny_heads import random_headset, save_headset
+
+    if drafter == "draft-model":
+        spec, model = draft_spec(k=3), draft
+    else:  # the heads read the target's hidden states of the rounds they did not propose in too
+        headset = random_headset(drafter, tiny, seed=5, num_heads=3, draft_vocab=6)
+        spec, model = heads_spec(drafter, save_headset(tmp_path / "heads", headset)), None
+    alone = [build_decoder(spec, tiny, model).generate(p).tokens for p in PROMPTS]
+
+    class Alternating(DoNoHarm):  # plain on every other steady round, speculation on the rest
+        def play(self, batch):
+            return (Arm.PLAIN if len(self.ledger) % 2 == 0 else Arm.SPECULATE), False
+
+    healthy = batch_decoder(spec, TransformersBatch.from_backend(tiny, 3), model)
+    guarded = BatchDecoder(healthy.target, healthy.decoder_for, GREEDY, harm=Alternating())
+    results = guarded.generate_many(PROMPTS)
+    assert [r.tokens for r in results] == alone
+    plain = [r.arm is Arm.PLAIN for r in guarded.harm.ledger]
+    assert sum(plain) >= 3 and not all(plain)
+    records = [rec for res in results for rec in res.records]
+    plain_records = [rec for rec in records if rec.guard_plain]
+    assert plain_records and all(not rec.asked and rec.nodes == 0 for rec in plain_records)
+    # the batch's rounds whose every request played plain ran no draft forward
+    by_request = {i: iter(res.records) for i, res in enumerate(results)}
+    plain_rounds = 0
+    for round_ in guarded.rounds:
+        recs = [next(by_request[i]) for i in round_.requests]
+        if all(rec.guard_plain for rec in recs):
+            plain_rounds += 1
+            assert round_.draft_calls == 0 and max(round_.rows) == 1, round_
+    assert plain_rounds >= 3
