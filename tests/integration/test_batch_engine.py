@@ -392,3 +392,27 @@ def test_llamacpp_batches_every_request_and_parts_from_plain_only_at_near_ties()
         row = np.asarray(target.verify(context[-1], None).logits[0])  # [V] the target's own next-token logits
         target.rollback()
         assert abs(float(row[mine.tokens[k]]) - float(row[own[k]])) < NEAR_TIE, (k, mine.tokens[k], own[k])
+
+
+def test_an_arm_request_is_asked_before_proposing_and_answered_with_an_arm_only(tiny):
+    """With `ask_arm`, the first round (it reads the prompt) asks nothing; every later round stops
+    at an `ArmRequest` before its proposals; an answer that is not an `Arm` is refused."""
+    from draftwise.engine import ArmRequest, VerifyRequest
+
+    spec = make_spec(GREEDY, proposer="prompt-lookup", lookup=3, guard="false")
+    decoder = build_decoder(spec, tiny)
+    run = decoder.coroutine(PROMPTS[1], lambda: 1, ask_arm=True)
+    first = run.send(None)
+    assert isinstance(first, VerifyRequest) and first.unread  # round 1: no arm asked
+    step = run.send(tiny.verify(first.pending, first.round_, unread=first.unread))
+    while not isinstance(step, ArmRequest):  # the published tokens, then round 2's question
+        assert not isinstance(step, VerifyRequest)
+        step = run.send(None)
+    plain = run.send(Arm.PLAIN)
+    assert isinstance(plain, VerifyRequest) and plain.round_ is None  # nothing proposed
+    step = run.send(tiny.verify(plain.pending, None))
+    while not isinstance(step, ArmRequest):
+        step = run.send(None)
+    with pytest.raises(ContractError, match="answered with an Arm"):
+        run.send("speculate")
+    run.close()
