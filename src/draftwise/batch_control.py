@@ -109,6 +109,7 @@ class _BatchState:
     since_explore: int = 0
     clock: int = 0  # rounds observed at this batch size
     burst: int = 0  # exploration rounds still to play in the current exploration
+    turnover: float = 0.0  # the share of the batch that joined since the other arm was last played
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,7 @@ class DoNoHarm:
         elif explored and arm is not state.choice:
             # an exploration: `explore_rounds` rounds of the other arm, judged when it ends
             state.burst = (self.config.explore_rounds if state.burst == 0 else state.burst) - 1
-            state.since_explore = 0
+            state.since_explore, state.turnover = 0, 0.0
             if state.burst > 0:
                 return
         else:
@@ -165,12 +166,18 @@ class DoNoHarm:
             state.interval = min(2 * state.interval, self.config.max_interval)
 
     def joined(self, batch: int) -> None:
-        """A request joined a batch of `batch`: what the arms measured belonged to other requests
-        (at batch 1, to another prompt), so the arm not chosen is explored at the next round and
-        the exploration interval starts over."""
+        """A request joined a batch of `batch`: 1/batch of what the arms measured belonged to other
+        requests.  Once the whole batch has turned over since the other arm was last played (at
+        batch 1, every join: another prompt), it is explored at the next round and the
+        exploration interval starts over.  (Restarting at every join cost a closed loop at batch 8
+        one exploration round per join: 5% of its throughput where speculation runs at 0.6x.)"""
         state = self._states.get(batch)
         if state is None or any(rate.rounds < self.config.warmup for rate in state.rates.values()):
             return
+        state.turnover += 1.0 / batch
+        if state.turnover < 1.0 - 1e-9:
+            return
+        state.turnover = 0.0
         state.interval = self.config.explore_every
         state.since_explore = max(state.since_explore, state.interval - 1)
 

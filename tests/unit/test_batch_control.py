@@ -122,3 +122,20 @@ def test_a_request_joining_makes_the_next_round_explore_and_restarts_the_interva
     assert played[-1] is Arm.PLAIN
     controller.joined(3)  # a batch size never seen: nothing to restart
     assert 3 not in controller._states
+
+
+def test_at_batch_b_the_interval_restarts_once_b_requests_have_joined():
+    """A join changes 1/B of the batch: the other arm is explored again once the whole batch has
+    turned over (B joins) since it was last played, not at every join."""
+    controller = DoNoHarm(DoNoHarmConfig(explore_every=4, max_interval=64))
+    run(controller, {Arm.PLAIN: 100.0, Arm.SPECULATE: 50.0}, 300, batch=4)
+    assert controller._states[4].interval == 64
+    for _ in range(3):
+        controller.joined(4)
+        assert controller.play(4) == (Arm.PLAIN, False)  # 3 of 4 slots changed: no exploration yet
+    controller.joined(4)
+    assert controller.play(4) == (Arm.SPECULATE, True)
+    assert controller._states[4].interval == 4
+    controller.observe(4, Arm.SPECULATE, 50, 1.0, True)  # the exploration resets the turnover
+    controller.joined(4)
+    assert controller._states[4].turnover == pytest.approx(0.25)
