@@ -18,8 +18,12 @@ round of its own (a memory of ~30 rounds: speculation's rounds are bursty) and b
 round of the other arm (what it did 100 rounds ago counts a third).  Rounds that read a prompt
 are not steady-state rounds and are not counted.
 
-Policy.  An unseen batch size starts on the arm that won at the nearest measured batch size
-(SPECULATE if none), and each arm is played `warmup` rounds before any comparison.  Then the
+Policy.  An unseen batch size starts from the nearest batch size whose arms were both measured:
+its choice, and both arms' estimates carried over as `warmup` rounds' worth of evidence (a
+batch that shrinks as its last requests finish visits every size below it, and warming each one
+up from nothing played the losing arm twice per size); the next round explores the other arm.
+With no such neighbour it starts on SPECULATE and each arm is played `warmup` rounds before any
+comparison.  Then the
 arm with the higher estimate is played, and the other once every `interval` rounds, where
 `interval` starts at `explore_every` and doubles (up to `max_interval`) each time an
 exploration confirms the choice; it falls back to `explore_every` when the choice flips.
@@ -31,7 +35,8 @@ factor of each other, so its throughput is at least
 with interval >= explore_every (8 by default, doubling to 128 while explorations confirm the
 choice): at most 1/8 of the gap to the worse arm, i.e. 3% when speculation runs at 0.75x plain,
 falling to 0.2% once the interval has grown.  Before that, the warm-up costs at most `warmup`
-rounds of the worse arm per batch size.  What the bound does not cover is an estimate further
+rounds of the worse arm at the first batch size measured, and one exploration round at each
+batch size that starts from a measured neighbour.  What the bound does not cover is an estimate further
 than (1 + e) from the truth: prompt lookup's value arrives in rare long matches, so a run of
 misses can make speculation look worse than it is for a while.  Replayed on real greedy answers
 (`benchmarks/do_no_harm/`), the controller came within 0.93-1.00x of the better fixed arm where
@@ -88,13 +93,20 @@ class _Rate:
     seconds: float = 0.0
     rounds: int = 0
     last: int = 0  # the batch size's round count when this arm was last played
+    weight: float = 0.0  # the rounds the sums hold, each weighted as they are
 
     def add(self, tokens: int, seconds: float, config: DoNoHarmConfig, now: int) -> None:
         past = 0.0 if self.rounds == 0 else config.decay * config.stale ** (now - self.last - 1)
         self.tokens = past * self.tokens + tokens
         self.seconds = past * self.seconds + seconds
+        self.weight = past * self.weight + 1.0
         self.rounds += 1
         self.last = now
+
+    def carried(self, rounds: int) -> "_Rate":
+        """This estimate as `rounds` rounds' worth of evidence at another batch size."""
+        scale = rounds / self.weight if self.weight > 0 else 0.0
+        return _Rate(self.tokens * scale, self.seconds * scale, rounds, 0, float(rounds))
 
     @property
     def per_second(self) -> float:
@@ -191,8 +203,12 @@ class DoNoHarm:
             raise InputError(f"a batch has at least one request, got {batch}")
         state = self._states.get(batch)
         if state is None:
-            nearest = min(self._states, key=lambda b: (abs(b - batch), b), default=None)
+            warm = [b for b, s in self._states.items() if all(r.rounds >= self.config.warmup for r in s.rates.values())]
+            nearest = min(warm or self._states, key=lambda b: (abs(b - batch), b), default=None)
             prior = Arm.SPECULATE if nearest is None else self._states[nearest].choice
             state = _BatchState({arm: _Rate() for arm in Arm}, prior, self.config.explore_every)
+            if warm and nearest is not None:  # carried over, then checked by an exploration at once
+                state.rates = {arm: rate.carried(self.config.warmup) for arm, rate in self._states[nearest].rates.items()}
+                state.since_explore = state.interval - 1
             self._states[batch] = state
         return state

@@ -139,3 +139,26 @@ def test_at_batch_b_the_interval_restarts_once_b_requests_have_joined():
     controller.observe(4, Arm.SPECULATE, 50, 1.0, True)  # the exploration resets the turnover
     controller.joined(4)
     assert controller._states[4].turnover == pytest.approx(0.25)
+
+
+def test_an_unseen_batch_size_starts_from_its_nearest_measured_neighbour():
+    """A batch shrinking from 8 visits 7, 6, ...: each starts from the nearest measured size's
+    estimates (no warm-up of the losing arm), explores the other arm once at once, and then
+    follows what it measures itself."""
+    controller = DoNoHarm(DoNoHarmConfig(explore_every=8, max_interval=64))
+    run(controller, {Arm.PLAIN: 100.0, Arm.SPECULATE: 50.0}, 200, batch=8)
+    assert controller.play(7) == (Arm.SPECULATE, True)  # one exploration first
+    controller.observe(7, Arm.SPECULATE, 50, 1.0, True)
+    played = run(controller, {Arm.PLAIN: 100.0, Arm.SPECULATE: 50.0}, 40, batch=7)
+    assert sum(a is Arm.SPECULATE for a in played) <= 40 / 8 + 1  # never the warm-up's two rounds again
+    estimates = controller.estimates(7)
+    assert estimates[Arm.PLAIN] == pytest.approx(100.0) and estimates[Arm.SPECULATE] == pytest.approx(50.0)
+    # the carried estimates weigh as `warmup` rounds: where 7 differs, its own rounds take over
+    flipped = run(controller, {Arm.PLAIN: 100.0, Arm.SPECULATE: 200.0}, 120, batch=6)
+    assert sum(a is Arm.SPECULATE for a in flipped[-40:]) >= 35
+
+
+def test_without_a_measured_neighbour_both_arms_warm_up():
+    controller = DoNoHarm(DoNoHarmConfig(warmup=2))
+    played = run(controller, {Arm.PLAIN: 100.0, Arm.SPECULATE: 50.0}, 4, batch=3)
+    assert played == [Arm.SPECULATE, Arm.SPECULATE, Arm.PLAIN, Arm.PLAIN]
