@@ -60,7 +60,7 @@ from draftwise.proposers.base import DraftRequest, answer_alone
 
 # (the slot a request runs on, its generation config) -> its decoder
 DecoderFactory = Callable[[Backend, GenerationConfig], SpeculativeDecoder]
-Coroutine = Generator["VerifyRequest | DraftRequest | list[int]", Any, GenerationResult]
+Coroutine = Generator["VerifyRequest | DraftRequest | ArmRequest | list[int]", Any, GenerationResult]
 
 
 @dataclass(frozen=True)

@@ -218,6 +218,8 @@ class SpeculativeDecoder:
                     reply = self.target.verify(step.pending, step.round_, unread=step.unread)
                 elif isinstance(step, DraftRequest):  # not yielded alone (`propose` answers inline); kept whole
                     reply = answer_alone(step)
+                elif isinstance(step, ArmRequest):  # not asked alone (no `ask_arm`): speculate
+                    reply = Arm.SPECULATE
                 else:
                     reply = None
                     yield step
