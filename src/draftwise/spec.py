@@ -302,13 +302,24 @@ def proposal_shape(spec: DecoderSpec) -> tuple[int, int]:
     return shape.rows, shape.depth
 
 
+def guarded_alone(spec: DecoderSpec) -> bool:
+    """Whether a request decoded alone runs behind the do-no-harm guard: `guard=true`, or, under
+    the default, a union with a source that runs a model (heads, a draft model).  Its proposal is
+    paid every round whatever the gate keeps of its rows, and the gate prices rows only: on
+    llama.cpp, where a head forward costs half a plain step, a gated prompt-lookup+hydra++ ran at
+    0.73x plain (benchmarks/heads_training/).  The guard asks no proposer in its plain rounds."""
+    if spec.guard is not Guard.BATCH:
+        return spec.guard is Guard.ON
+    return isinstance(spec.drafter, UnionDrafter) and any(not m.family.free_to_ask for m in spec.drafter.members)
+
+
 def fitted_generation(spec: DecoderSpec) -> GenerationConfig:
     """The generation config with tree limits raised to the proposer's configured shape.
     A draft whose tail the compiler cuts is paid for and never verified: a k = 20 chain under
     the 16-deep default verified 17 tokens per round where transformers verifies 21."""
     nodes, depth = proposal_shape(spec)
     limits = spec.generation.limits
-    generation = replace(spec.generation, guard=DoNoHarmConfig()) if spec.guard is Guard.ON else spec.generation
+    generation = replace(spec.generation, guard=DoNoHarmConfig()) if guarded_alone(spec) else spec.generation
     if nodes <= limits.max_nodes and depth <= limits.max_depth:
         return generation
     return replace(generation, limits=TreeLimits(max(limits.max_nodes, nodes), max(limits.max_depth, depth)))

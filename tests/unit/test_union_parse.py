@@ -53,3 +53,17 @@ def test_a_union_needing_a_draft_model_says_so_before_loading():
 def test_a_planned_tree_inside_a_union_is_refused():
     with pytest.raises(InputError, match="plan it alone"):
         check(spec_from_options({"proposer": "prompt-lookup+hydra", "tree": "auto"}))
+
+
+@pytest.mark.parametrize("options, guarded", [
+    ({"proposer": "prompt-lookup+hydra"}, True),  # a model source: its proposal is paid every round
+    ({"proposer": "prompt-lookup+draft-model", "draft": "x"}, True),
+    ({"proposer": "prompt-lookup+hydra", "guard": "false"}, False),  # the user's word wins
+    ({"proposer": "prompt-lookup"}, False),  # a single source keeps the gate alone
+    ({"proposer": "hydra"}, False),
+    ({"proposer": "prompt-lookup", "guard": "true"}, True),
+])
+def test_a_union_with_a_model_source_runs_behind_the_guard_alone(options, guarded):
+    from draftwise.spec import fitted_generation
+
+    assert (fitted_generation(spec_from_options(options)).guard is not None) is guarded
