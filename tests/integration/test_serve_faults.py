@@ -53,7 +53,9 @@ def test_full_server_answers_429_and_a_timeout_ends_the_request(tmp_path):
         # both ended at their timeout, with it as the finish reason: the one decoding and the one still waiting
         for chunks, done in ((first, first_done), (second, second_done)):
             assert done and chunks[-1]["choices"][0]["finish_reason"] == "timeout"
-        assert len(first) > 1  # it had streamed text before the timeout cut it
+        # the one that got the slot had streamed text before the timeout cut it (which of the two
+        # concurrent requests reached the server first is a race: asserting on `first` was flaky)
+        assert max(len(first), len(second)) > 1 and min(len(first), len(second)) == 1
         assert (server.health()["in_flight"], server.health()["active"], server.health()["queued"]) == (0, 0, 0)
         assert httpx.post(f"{server.url}/v1/completions", json=GOOD, timeout=60).status_code == 200
         scrape = server.metrics()
