@@ -123,6 +123,10 @@ class _BatchState:
     burst: int = 0  # exploration rounds still to play in the current exploration
     turnover: float = 0.0  # the share of the batch that joined since the other arm was last played
 
+    def warming(self, warmup: int) -> bool:
+        """Whether an arm has been played fewer than `warmup` rounds at this batch size."""
+        return any(rate.rounds < warmup for rate in self.rates.values())
+
 
 @dataclass(frozen=True)
 class ArmRound:
@@ -156,12 +160,12 @@ class DoNoHarm:
     def observe(self, batch: int, arm: Arm, tokens: int, seconds: float, explored: bool) -> None:
         state = self._state(batch)
         state.clock += 1
-        warming = any(rate.rounds < self.config.warmup for rate in state.rates.values())
+        warming = state.warming(self.config.warmup)
         state.rates[arm].add(tokens, seconds, self.config, state.clock)
         self.ledger.append(ArmRound(batch, arm, tokens, seconds, explored))
         if warming:  # a warm-up round: compare once the last one is in, start no exploration
             state.since_explore = 0 if explored else state.since_explore + 1
-            if any(rate.rounds < self.config.warmup for rate in state.rates.values()):
+            if state.warming(self.config.warmup):
                 return
         elif explored and arm is not state.choice:
             # an exploration: `explore_rounds` rounds of the other arm, judged when it ends
@@ -184,7 +188,7 @@ class DoNoHarm:
         exploration interval starts over.  (Restarting at every join cost a closed loop at batch 8
         one exploration round per join: 5% of its throughput where speculation runs at 0.6x.)"""
         state = self._states.get(batch)
-        if state is None or any(rate.rounds < self.config.warmup for rate in state.rates.values()):
+        if state is None or state.warming(self.config.warmup):
             return
         state.turnover += 1.0 / batch
         if state.turnover < 1.0 - 1e-9:
@@ -203,7 +207,7 @@ class DoNoHarm:
             raise InputError(f"a batch has at least one request, got {batch}")
         state = self._states.get(batch)
         if state is None:
-            warm = [b for b, s in self._states.items() if all(r.rounds >= self.config.warmup for r in s.rates.values())]
+            warm = [b for b, s in self._states.items() if not s.warming(self.config.warmup)]
             nearest = min(warm or self._states, key=lambda b: (abs(b - batch), b), default=None)
             prior = Arm.SPECULATE if nearest is None else self._states[nearest].choice
             state = _BatchState({arm: _Rate() for arm in Arm}, prior, self.config.explore_every)
