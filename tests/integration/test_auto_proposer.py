@@ -153,8 +153,11 @@ def test_auto_proposer_measures_once_reuses_and_remeasures_what_was_tampered_wit
     sampled, log = choose(target, tmp_path, make_spec(GenerationConfig(policy=SamplingPolicy(temperature=1.0)), proposer="auto"),
                           draft=tiny_backend(1))
     assert "plain trace" in log and sampled.traces_directory != first.traces_directory
-    # said, with the reason, not dropped (the self-drafters: sampled chains verified by rejection)
-    assert [name for name, _ in sampled.skipped] == ["draft-model", "layer-skip", "kangaroo"]
+    # said, with the reason, not dropped (the self-drafters: sampled chains verified by rejection;
+    # the head families: no heads ship for this tiny model)
+    reasons = dict(sampled.skipped)
+    assert set(reasons) == {"draft-model", "layer-skip", "kangaroo", "medusa", "hydra", "hydra++", "clover"}
+    assert all("heads ship for" in reasons[f] for f in ("medusa", "hydra", "hydra++", "clover"))
 
 
 @pytest.mark.parametrize("relative,expected", [([1.0] + [100.0] * 10, {"plain"}),
@@ -198,3 +201,83 @@ def test_auto_puts_its_choice_behind_the_guard_unless_told_otherwise(tmp_path):
     assert "do-no-harm guard" in choice.table()
     off, _ = choose(target, tmp_path, _replace(SPEC, guard=Guard.OFF))
     assert off.spec.guard is Guard.OFF
+
+
+HEAD_TREE = ((0,), (1,), (0, 0), (1, 0), (0, 0, 0))  # wide enough that near-miss orderings would show
+
+
+def heads_proposer(family, backend):
+    from draftwise.proposers.family import DrafterResources
+    from draftwise.proposers.heads import HeadsConfig
+    from draftwise.proposers.registry import DRAFTERS
+    from draftwise.topology.templates import from_paths
+    from draftwise.topology.tree_spec import TreeTemplate
+
+    return DRAFTERS.get(family).make(HeadsConfig(tree=TreeTemplate(from_paths(HEAD_TREE))), DrafterResources(backend))
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("family", ["hydra", "hydra++"])  # the frontier state alone; a layer over the whole context
+def test_the_replay_is_the_engines_rounds_for_draft_heads_on_the_targets_recorded_states(smol_target, traces, family,
+                                                                                        tmp_path):
+    """The shipped heads, replayed on the states recorded along each trace, run the rounds they
+    run on the target; states one position off (a planted fault) do not."""
+    import numpy as np
+
+    from draftwise.optimize.replay import trace_eos
+    from draftwise.optimize.trace_backend import HiddenTraceBackend
+    from draftwise.optimize.trace_hidden import ensure_hidden
+
+    config = GenerationConfig(max_new_tokens=NEW)
+    recorded = ensure_hidden(smol_target, traces, {"test": family}, tmp_path / "hidden")
+    weights = smol_target.token_weights()
+    shifted = 0
+    for trace, hidden in zip(traces, recorded):
+        proposer = heads_proposer(family, smol_target)
+        result = SpeculativeDecoder(smol_target, [proposer], make_verifier("auto", [proposer.contract], config.policy),
+                                    config).generate(list(trace.prompt))
+        assert result.tokens == trace.tokens
+
+        def replayed(states, trace=trace, first=hidden.first):
+            stand_in = HiddenTraceBackend(trace.prompt, trace.tokens, smol_target.info.context_length,
+                                          trace_eos(trace, NEW), target=smol_target.info, hidden=states,
+                                          first=first, weights=weights)
+            return replay(trace, heads_proposer(family, stand_in), max_new_tokens=NEW, limits=config.limits,
+                          context_length=smol_target.info.context_length, target=stand_in)
+
+        rounds = replayed(hidden.states)
+        assert shape(rounds) == shape(result.records)
+        assert sum(r.accepted for r in rounds) > 0 and sum(r.propose_s > 0 for r in rounds) >= len(rounds) - 1
+        shifted += shape(replayed(np.roll(hidden.states, 1, axis=0))) != shape(result.records)
+    assert shifted == len(traces)
+
+
+@pytest.mark.model
+def test_auto_plans_the_shipped_heads_tree_and_replays_it_alone_and_with_prompt_lookup(smol_target, spec_bench_prompts,
+                                                                                     tmp_path):
+    """The embedded model ships Hydra heads: `auto` plans their tree as `--tree auto` would (the
+    same cached artifacts), replays them on recorded states, and merges them with prompt lookup."""
+    from dataclasses import replace as _replace
+
+    from draftwise.optimize.auto import auto_head_tree
+    from draftwise.topology.tree_spec import TreeTemplate
+
+    spec = make_spec(GenerationConfig(max_new_tokens=24), proposer="auto")
+    spec = _replace(spec, drafter=_replace(spec.drafter, candidates=tuple(
+        c for c in spec.drafter.candidates if c.family.name in ("prompt-lookup", "hydra"))))
+    prompts = [smol_target.chat_prompt([{"role": "user", "content": spec_bench_prompts[0]}])]
+    config = AutoTreeConfig(profile_prefix_len=64, profile_repeats=1)
+    choice = choose_proposer(spec, smol_target, None, prompts, tmp_path, trace_tokens=24, profile_config=config)
+    scores = {s.name: s for s in choice.scores}
+    assert {"plain", "prompt-lookup", "prompt-lookup+gate"} <= set(scores), choice.table()
+    if "hydra" not in scores:  # the measured profile made every tree lose: said, not dropped
+        assert "chose no tree" in dict(choice.skipped)["hydra"]
+        return
+    assert {"prompt-lookup+hydra", "prompt-lookup+hydra+gate"} <= set(scores) and scores["hydra"].mean_accepted > 0
+    hydra = next(c for c in spec.drafter.candidates if c.family.name == "hydra")
+    planned = auto_head_tree(_replace(spec, drafter=hydra), smol_target, prompts, tmp_path, config)  # cached: the same
+    assert (tmp_path / "trace_hidden").is_dir() and planned.choice.n > 1
+    if choice.chosen in ("hydra", "prompt-lookup+hydra", "prompt-lookup+hydra+gate"):
+        members = getattr(choice.spec.drafter, "members", (choice.spec.drafter,))
+        tree = next(m for m in members if m.family.name == "hydra").config.tree
+        assert isinstance(tree, TreeTemplate) and len(tree.paths) + 1 == planned.choice.n

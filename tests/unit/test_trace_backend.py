@@ -118,3 +118,51 @@ def test_sampling_replays_the_same_rounds_the_trace_being_the_target_sample():
                             policy=policy, seed=3))
 
     assert run(SamplingPolicy(temperature=1.0)) == run(SamplingPolicy())
+
+
+def hidden_backend(first=0):
+    from draftwise.backends.base import BackendInfo, TokenWeights
+    from draftwise.optimize.trace_backend import HiddenTraceBackend
+
+    positions = len(PROMPT) + len(TOKENS)
+    states = np.arange(positions - first, dtype=np.float32)[:, None] * np.ones((1, 3), dtype=np.float32)  # [R, 3]: row i = first + i
+    states += first
+    real = BackendInfo(name="transformers", checkpoint="ckpt@abc", tokenizer_hash="tok", vocab_size=50, context_length=64,
+                       dtype="float32", device="cpu", eos_token_ids=frozenset())
+    weights = TokenWeights(np.zeros((50, 3), np.float32), np.zeros((50, 3), np.float32))
+    return HiddenTraceBackend(PROMPT, TOKENS, 32, frozenset(), target=real, hidden=states, first=first, weights=weights)
+
+
+def test_the_hidden_trace_serves_the_state_of_every_committed_position_under_the_targets_identity():
+    backend = hidden_backend()
+    assert (backend.info.checkpoint, backend.info.tokenizer_hash, backend.info.vocab_size) == ("ckpt@abc", "tok", 50)
+    assert backend.frontier_hidden() is None  # nothing committed yet
+    backend.extend(list(PROMPT))
+    assert backend.frontier_hidden().tolist() == [2.0] * 3  # the prompt's last row, which predicts the first new token
+    assert backend.context_hidden(0)[:, 0].tolist() == [0.0, 1.0, 2.0]
+    round_ = compile_round(len(PROMPT) + 1, [result_from_paths([[5, 6]])])
+    backend.verify(4, round_)
+    backend.commit([0, 1])  # 4 pending, 5 and 6 accepted: positions 3, 4, 5 committed
+    assert backend.cached_len == 6 and backend.frontier_hidden().tolist() == [5.0] * 3
+    assert backend.context_hidden(4)[:, 0].tolist() == [4.0, 5.0]
+    backend.truncate(4)
+    assert backend.frontier_hidden().tolist() == [3.0] * 3 and backend.context_hidden(0).shape == (4, 3)
+    assert backend.context_hidden(5) is None  # past what is committed
+
+
+def test_a_hidden_trace_that_starts_at_the_prompts_last_row_knows_nothing_before_it():
+    backend = hidden_backend(first=len(PROMPT) - 1)
+    backend.extend(list(PROMPT))
+    assert backend.frontier_hidden().tolist() == [2.0] * 3
+    assert backend.context_hidden(0) is None  # a context layer cannot be fed: rows 0, 1 unknown
+    assert backend.context_hidden(2)[:, 0].tolist() == [2.0]
+
+
+def test_hidden_states_that_do_not_cover_the_trace_are_refused():
+    from draftwise.backends.base import TokenWeights
+    from draftwise.optimize.trace_backend import HiddenTraceBackend
+
+    short = np.zeros((len(PROMPT) + len(TOKENS) - 1, 3), np.float32)
+    with pytest.raises(ValueError, match="do not cover"):
+        HiddenTraceBackend(PROMPT, TOKENS, 32, frozenset(), target=hidden_backend().info, hidden=short, first=0,
+                           weights=TokenWeights(short, short))

@@ -2,18 +2,22 @@
 committed token on this target, backend and machine.
 
 Candidates: plain decoding; prompt lookup and, with an index, REST, each with and without
-the cost gate; with a draft model under greedy decoding, its chain; and the heterogeneous
-rounds of a free source with each later candidate (prompt-lookup+rest, prompt-lookup+draft-model,
-gated too where every member is free to ask).  Each is replayed
+the cost gate; with a draft model under greedy decoding, its chain; every head family whose
+heads ship (or were trained) for the target, at the tree `--tree auto` plans for it; and the
+heterogeneous rounds of a free source with each later candidate (prompt-lookup+rest,
+prompt-lookup+hydra++, prompt-lookup+draft-model), with and without the gate.  Each is replayed
 (`replay.py`) on plain traces of the calibration prompts, and its time predicted from the
 traces' measured steps, the measured verify profile t(n) and the proposer's own measured
-time.  Two artifacts are measured on first use and cached, keyed by everything they depend
+time.  Artifacts are measured on first use and cached, keyed by everything they depend
 on (another model, backend, thread count, sampling policy, prompt set or generation length
 lands in another directory; a tampered one is measured again):
 
     traces    the target decoding every calibration prompt alone (tokens + timings)
+    hidden    the target's states along the traces (`trace_hidden.py`), only where a head
+              family is a candidate: the heads are replayed on them
     profile   t(n) over every row count a candidate can verify, of the shape the loaded
               context verifies (the gated candidates' gate reads the same directory)
+    heads     each head family's tree, as `--tree auto` plans it (shared with it)
 
 A candidate the requested verifier cannot bind to, or that the replay cannot predict (a
 draft model when sampling: its verifier accepts with min(1, p/q)), is listed as skipped
@@ -31,7 +35,7 @@ from pathlib import Path
 from typing import Sequence
 
 from draftwise.artifacts import stable_hash, write_manifest
-from draftwise.backends.base import Backend
+from draftwise.backends.base import Backend, BackendInfo, TokenWeights
 from draftwise.build import build_decoder, make_proposers
 from draftwise.spec import fitted_generation, proposal_shape
 from draftwise.preflight import preflight
@@ -41,9 +45,14 @@ from draftwise.engine import GenerationConfig
 from draftwise.gate import CostGateConfig
 from draftwise.optimize.auto import AutoTreeConfig, artifact_matches, auto_gate_directory, ensure_profile, gate_rows
 from draftwise.cost_profile import VerifyCostProfile
-from draftwise.optimize.replay import Trace, predicted_seconds, replay, trace_from_records
+from draftwise.optimize.calibrate import relation_for
+from draftwise.optimize.replay import Trace, predicted_seconds, replay, trace_eos, trace_from_records
+from draftwise.optimize.trace_backend import HiddenTraceBackend
+from draftwise.optimize.trace_hidden import TraceHidden, ensure_hidden
 from draftwise.proposers.base import Proposer
 from draftwise.proposers.kangaroo import KangarooConfig
+from draftwise.topology.templates import from_paths
+from draftwise.topology.tree_spec import TreeTemplate
 from draftwise.verify.registry import VERIFIERS
 
 log = logging.getLogger(__name__)  # progress lines (the CLI shows INFO)
@@ -72,13 +81,14 @@ class ProposerChoice:
     profile_directory: Path
 
     def table(self) -> str:
-        lines = [f"{'candidate':<22} {'s/token':>9} {'speedup':>8} {'accepted':>9}"]
+        width = max([22, *(len(s.name) + 1 for s in self.scores)])
+        lines = [f"{'candidate':<{width}} {'s/token':>9} {'speedup':>8} {'accepted':>9}"]
         if self.spec.guard is Guard.ON and self.spec.drafter is not None:
             lines.insert(0, "behind the do-no-harm guard: plain steps wherever the rounds measure them faster")
         for s in self.scores:
             mark = "  <- chosen" if s.name == self.chosen else ""
-            lines.append(f"{s.name:<22} {s.seconds_per_token:>9.4f} {s.speedup:>7.2f}x {s.mean_accepted:>9.2f}{mark}")
-        lines += [f"{name:<22} skipped: {why}" for name, why in self.skipped]
+            lines.append(f"{s.name:<{width}} {s.seconds_per_token:>9.4f} {s.speedup:>7.2f}x {s.mean_accepted:>9.2f}{mark}")
+        lines += [f"{name:<{width}} skipped: {why}" for name, why in self.skipped]
         return "\n".join(lines)
 
 
@@ -108,8 +118,9 @@ def candidate_specs(spec: DecoderSpec, has_draft: bool) -> tuple[list[tuple[str,
     for union in unions_of(singles):  # a free source merged with another: one round, both proposals
         draft = spec.draft if union.needs_draft_model else None
         named.append((union.name, replace(base, drafter=union, draft=draft)))
-        if all(m.family.free_to_ask for m in union.members):
-            named.append((f"{union.name}+gate", replace(base, drafter=union, draft=draft, gate=AutoGate())))
+        # the gate sizes the union's rows by t(n); a member that costs time to ask (heads, a
+        # draft model) is still asked, and the replay prices what it measured
+        named.append((f"{union.name}+gate", replace(base, drafter=union, draft=draft, gate=AutoGate())))
     kept = []
     for name, candidate in named:
         try:
@@ -129,9 +140,8 @@ def candidate_specs(spec: DecoderSpec, has_draft: bool) -> tuple[list[tuple[str,
 
 def unions_of(singles: Sequence[DrafterSpec]) -> list[UnionDrafter]:
     """The two-source unions `--proposer auto` also replays: a free-to-ask source (prompt lookup,
-    REST) first, merged with each candidate after it.  Sources that read the target's hidden
-    states are no auto candidates (a plain trace has none), so `prompt-lookup+hydra` is chosen by
-    naming it."""
+    REST) first, merged with each candidate after it (heads included: `prompt-lookup+hydra++`)
+    except a self-drafter, which shares the target's state and runs alone."""
     return [UnionDrafter((a, b)) for i, a in enumerate(singles) if a.family.free_to_ask
             for b in singles[i + 1:] if not b.family.drafts_on_target]
 
@@ -215,13 +225,22 @@ def choose_proposer(
     trace_tokens = trace_tokens or spec.generation.max_new_tokens
     if not prompts:
         raise InputError("--proposer auto needs at least one calibration prompt")
+    fitting, _ = candidate_specs(spec, draft is not None)
+    spec, unplanned = with_head_trees(spec, target, prompts, cache_root, profile_config,
+                                      {name for name, _ in fitting})
     candidates, skipped = candidate_specs(spec, draft is not None)
+    skipped = unplanned + skipped
     if not candidates:  # even plain decoding was refused (a heuristic verifier without --allow-heuristic, ...)
         raise InputError("--proposer auto: no candidate fits; " + "; ".join(f"{n}: {why}" for n, why in skipped))
     generation = replace(spec.generation, max_new_tokens=trace_tokens)
-    traces_dir = Path(cache_root) / "traces" / stable_hash(trace_key(target, prompts, generation))[:20]
+    key = trace_key(target, prompts, generation)
+    traces_dir = Path(cache_root) / "traces" / stable_hash(key)[:20]
     traces = ensure_traces(target, prompts, generation, traces_dir)
     candidates, built = buildable(candidates, target, draft, skipped)
+    hidden = None
+    if any(reads_hidden(c) for _, c in candidates):  # draft heads replay on the target's states along the traces
+        hidden = HiddenTraces(ensure_hidden(target, traces, key, Path(cache_root) / "trace_hidden" / traces_dir.name),
+                              target.info, target.token_weights())  # type: ignore[attr-defined]
 
     max_rows = max(1 + candidate_rows(c) for _, c in candidates)
     chain = not any(c.drafter is not None and c.drafter.shape.branches for _, c in candidates)
@@ -234,7 +253,8 @@ def choose_proposer(
     replays = []
     for (name, candidate), proposers in zip(resolved, built):
         log.info("replaying %s on %d trace(s)", name, len(traces))
-        replays.append(replay_candidate(candidate, target, draft, traces, trace_tokens, profile, proposers))
+        replays.append(replay_candidate(candidate, target, draft, traces, trace_tokens, profile, proposers,
+                                        hidden if reads_hidden(candidate) else None))
     plain_rate = replays[0].seconds_per_token  # candidate 0 is plain decoding
     scores = sorted((CandidateScore(name, r.seconds_per_token, plain_rate / r.seconds_per_token, r.mean_accepted,
                                     r.rounds, r.tokens_per_s) for (name, _), r in zip(resolved, replays)),
@@ -295,19 +315,22 @@ def buildable(candidates: list[tuple[str, DecoderSpec]], target: Backend, draft:
 
 def replay_candidate(spec: DecoderSpec, target: Backend, draft: Backend | None, traces: Sequence[Trace],
                      trace_tokens: int, profile: VerifyCostProfile,
-                     proposers: Sequence[Proposer] | None = None) -> CandidateReplay:
+                     proposers: Sequence[Proposer] | None = None,
+                     hidden: "HiddenTraces | None" = None) -> CandidateReplay:
     """Predicted time of one concrete configuration (gate, if any, from `profile`) on `traces`
-    (`proposers`: the configuration's, already built)."""
+    (`proposers`: the configuration's, already built; `hidden`: the target's states along the
+    traces, for a configuration with draft heads, whose proposers are built per trace on them)."""
     limits = fitted_generation(spec).limits
     gate = CostGateConfig(profile) if spec.gate else None
-    if proposers is None:
+    if proposers is None and hidden is None:
         proposers = make_proposers(spec, target, draft)  # once: a REST index re-checks its checksums on open
     seconds, tokens = [], []
     accepted = later_rounds = rounds_total = 0
-    for trace in traces:
-        rounds = replay(trace, proposers, max_new_tokens=trace_tokens, limits=limits,
-                        context_length=target.info.context_length, gate=gate, policy=spec.generation.policy,
-                        seed=spec.generation.seed)
+    for i, trace in enumerate(traces):
+        stand_in = None if hidden is None else hidden.backend(i, trace, trace_tokens)
+        rounds = replay(trace, proposers if stand_in is None else make_proposers(spec, stand_in, draft),
+                        max_new_tokens=trace_tokens, limits=limits, context_length=target.info.context_length,
+                        gate=gate, policy=spec.generation.policy, seed=spec.generation.seed, target=stand_in)
         seconds.append(predicted_seconds(trace, rounds, profile))
         tokens.append(len(trace.tokens))
         accepted += sum(r.accepted for r in rounds[1:])
@@ -324,3 +347,63 @@ def candidate_rows(spec: DecoderSpec) -> int:
     limits = fitted_generation(spec).limits
     return min(nodes, limits.max_nodes) if nodes else limits.max_nodes
 
+
+
+def reads_hidden(spec: DecoderSpec) -> bool:
+    return any(m.family.reads_hidden for m in members_of(spec))
+
+
+def members_of(spec: DecoderSpec) -> tuple[DrafterSpec, ...]:
+    drafter = spec.drafter
+    if drafter is None or isinstance(drafter, AutoDrafter):
+        return ()
+    return drafter.members if isinstance(drafter, UnionDrafter) else (drafter,)
+
+
+@dataclass(frozen=True, eq=False)
+class HiddenTraces:
+    """The target's states along each trace, and what a trace backend serving them needs of it."""
+
+    states: Sequence[TraceHidden]  # [traces]
+    target: BackendInfo
+    weights: TokenWeights  # the target's embedding and LM head, which heads read
+
+    def backend(self, i: int, trace: Trace, trace_tokens: int) -> HiddenTraceBackend:
+        recorded = self.states[i]
+        return HiddenTraceBackend(trace.prompt, trace.tokens, self.target.context_length,
+                                  trace_eos(trace, trace_tokens), target=self.target, hidden=recorded.states,
+                                  first=recorded.first, weights=self.weights)
+
+
+def with_head_trees(spec: DecoderSpec, target: Backend, prompts: Sequence[Sequence[int]], cache_root: Path,
+                    config: AutoTreeConfig, fitting: set[str]) -> tuple[DecoderSpec, list[tuple[str, str]]]:
+    """`spec` whose head-family candidates (those in `fitting`, which passed the preflight) carry
+    the tree `--proposer FAMILY --tree auto` decodes with: calibrated on the same prompts,
+    profiled and optimized, cached and shared with it; so the replay times the tree the family
+    would really run.  A family whose heads do not ship for this target or run on this backend,
+    or whose best tree is no tree at all, is dropped and listed with the reason."""
+    from draftwise.optimize.auto import auto_head_tree
+
+    assert isinstance(spec.drafter, AutoDrafter)
+    kept: list[DrafterSpec] = []
+    skipped: list[tuple[str, str]] = []
+    for drafter in spec.drafter.candidates:
+        family = drafter.family
+        if not (family.reads_hidden and family.auto_tree and family.name in fitting):
+            kept.append(drafter)
+            continue
+        config_relation = replace(drafter.config, relation=relation_for(spec.generation.policy))
+        alone = replace(spec, drafter=replace(drafter, config=config_relation), gate=None, draft=None)
+        try:
+            make_proposers(alone, target)  # the heads ship for this target, and this backend runs them
+            artifact = auto_head_tree(alone, target, prompts, cache_root, config)
+        except DraftwiseError as exc:
+            skipped.append((family.name, str(exc)))
+            continue
+        picked = artifact.choice
+        if picked.n == 1:
+            skipped.append((family.name, f"tree=auto chose no tree here (predicted {picked.speedup:.2f}x plain)"))
+            continue
+        tree = TreeTemplate(from_paths(picked.paths))
+        kept.append(replace(drafter, config=replace(config_relation, tree=tree)))
+    return replace(spec, drafter=replace(spec.drafter, candidates=tuple(kept))), skipped

@@ -97,14 +97,17 @@ def replay(
     gate: CostGateConfig | None = None,
     policy: SamplingPolicy = SamplingPolicy(),
     seed: int = 0,
+    target: TraceBackend | None = None,
 ) -> list[ReplayedRound]:
-    """The rounds the engine runs on `trace`, run by the engine itself on a `TraceBackend`;
+    """The rounds the engine runs on `trace`, run by the engine itself on a `TraceBackend`
+    (`target`: one made for this trace, e.g. with its hidden states, that the proposers read);
     `max_new_tokens` is the limit the trace was made under."""
     if len(trace.tokens) > max_new_tokens:
         raise ValueError(f"the trace has {len(trace.tokens)} tokens, more than max_new_tokens={max_new_tokens}")
     # one proposer, or a union's members (their candidates merged by full prefix, as the engine does)
     proposers = [] if proposer is None else list(proposer) if isinstance(proposer, Sequence) else [proposer]
-    target = TraceBackend(trace.prompt, trace.tokens, context_length, trace_eos(trace, max_new_tokens))
+    if target is None:
+        target = TraceBackend(trace.prompt, trace.tokens, context_length, trace_eos(trace, max_new_tokens))
     config = GenerationConfig(max_new_tokens=max_new_tokens, policy=policy, seed=seed, limits=limits, gate=gate)
     result = SpeculativeDecoder(target, proposers, replay_verifier(policy), config).generate(list(trace.prompt))
     if result.tokens[: len(trace.tokens)] != tuple(trace.tokens):  # the last bonus token is checked here

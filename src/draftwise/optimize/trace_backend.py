@@ -22,12 +22,12 @@ verifier that accepted a token the target would not have produced is caught at o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
 
-from draftwise.backends.base import BackendError, BackendInfo, check_grows, check_path
+from draftwise.backends.base import BackendError, BackendInfo, TokenWeights, check_grows, check_path
 from draftwise.sampling import SamplingPolicy
 from draftwise.topology.compile import CompiledRound
 
@@ -164,3 +164,55 @@ class TraceBackend:
 
     def chat_prompt(self, messages: Sequence[dict]) -> list[int]:
         raise BackendError("a trace backend has no chat template: it replays a prompt already tokenized")
+
+
+class HiddenTraceBackend(TraceBackend):
+    """A trace backend that also serves the target's hidden states along the trace, so that draft
+    heads (which read them: `backends.base.HiddenStates`, `ContextHidden`) can be replayed.
+
+    Under greedy decoding the engine commits exactly the trace's tokens, so the state of every
+    committed row is the state the target computed for that trace position, recorded once
+    (`optimize/trace_hidden.py`).  `hidden` [R, d] holds the states of positions first ..
+    first + R - 1; a row before `first` is unknown (a backend that keeps no context states
+    records from the prompt's last row on) and a row past the end reads the last one, like the
+    tokens (see the module note).  The identity is the real target's, which heads check."""
+
+    def __init__(self, prompt: Sequence[int], tokens: Sequence[int], context_length: int,
+                 eos_token_ids: frozenset[int], *, target: BackendInfo, hidden: np.ndarray, first: int,
+                 weights: TokenWeights) -> None:
+        super().__init__(prompt, tokens, context_length, eos_token_ids)
+        if hidden.ndim != 2 or not 0 <= first < len(prompt) or first + hidden.shape[0] < len(prompt) + len(tokens):
+            raise ValueError(f"hidden states [{', '.join(map(str, hidden.shape))}] from position {first} do not cover "
+                             f"the trace's {len(prompt)} + {len(tokens)} positions")
+        self.info = replace(self.info, checkpoint=target.checkpoint, tokenizer_hash=target.tokenizer_hash,
+                            vocab_size=target.vocab_size)
+        self._hidden = np.asarray(hidden, dtype=np.float32)  # [R, d]
+        self._first = first
+        self._weights = weights
+
+    def track_hidden(self, on: bool = True) -> None:
+        pass  # recorded once for the whole trace: nothing to switch
+
+    def track_context(self, on: bool = True) -> None:
+        pass
+
+    def _states(self, start: int, stop: int) -> np.ndarray | None:
+        """[stop - start, d] states of positions start .. stop - 1 (None when one is unknown)."""
+        if start < self._first:
+            return None
+        rows = np.minimum(np.arange(start, stop) - self._first, self._hidden.shape[0] - 1)  # [K]
+        return self._hidden[rows]
+
+    def frontier_hidden(self) -> np.ndarray | None:
+        if self._committed == 0:
+            return None
+        states = self._states(self._committed - 1, self._committed)
+        return None if states is None else states[0]
+
+    def context_hidden(self, start: int) -> np.ndarray | None:
+        if not 0 <= start <= self._committed:
+            return None
+        return self._states(start, self._committed)
+
+    def token_weights(self) -> TokenWeights:
+        return self._weights

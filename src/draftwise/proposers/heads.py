@@ -385,4 +385,5 @@ def family(name: str, summary: str) -> DrafterFamily[HeadsConfig]:
         name=name, config=HeadsConfig, contract=config_contract, shape=config_shape,
         build=lambda config, resources: open_heads(name, config, resources),
         summary=summary, auto_tree=True, calibrated=calibrated, reads_hidden=True,
+        auto_candidate=True,  # where a head set ships or was trained for the target; else listed as skipped
     )
