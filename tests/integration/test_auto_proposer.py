@@ -281,3 +281,34 @@ def test_auto_plans_the_shipped_heads_tree_and_replays_it_alone_and_with_prompt_
         members = getattr(choice.spec.drafter, "members", (choice.spec.drafter,))
         tree = next(m for m in members if m.family.name == "hydra").config.tree
         assert isinstance(tree, TreeTemplate) and len(tree.paths) + 1 == planned.choice.n
+
+
+def test_traces_cached_from_a_busy_hour_are_timed_again_before_they_decide(tmp_path):
+    """A trace set whose plain step disagrees with the verify profile's one-row step (one was timed
+    while something else ran, and cached) is not trusted: the traces are timed again."""
+    import json
+
+    from draftwise.artifacts import write_manifest
+    from draftwise.optimize.auto_proposer import TRACES_FILE, TRACES_KIND, steps_agree
+    from draftwise.optimize.replay import Trace
+
+    target = tiny_backend(0)
+    first, _ = choose(target, tmp_path)
+    data = first.traces_directory / TRACES_FILE
+    body = json.loads(data.read_text())
+    for trace in body["traces"]:
+        trace["step_s"] = 0.5  # a 500 ms step: a tiny model's is a millisecond or two
+    data.write_text(json.dumps(body))
+    key = json.loads((first.traces_directory / "manifest.json").read_text())["provenance"]
+    write_manifest(first.traces_directory, TRACES_KIND, key)  # a valid artifact, only timed on a busy machine
+    again, log = choose(target, tmp_path)
+    assert "timed again" in log and "plain trace" in log
+    retimed = [Trace.from_dict(t) for t in json.loads(data.read_text())["traces"]]
+    profile_ = VerifyCostProfile.load(again.profile_directory)
+    assert all(t.step_s < 0.5 for t in retimed) and steps_agree(retimed, profile_)
+
+    fast = VerifyCostProfile.from_absolute([1, 2], [0.030, 0.031], model="m", backend="b", threads=2, machine="x")
+    trace = Trace((1,), (2,), 0.1, 0.036)
+    assert steps_agree([trace], fast)  # 36 ms against 30: context length and the engine's bookkeeping
+    assert not steps_agree([Trace((1,), (2,), 0.1, 0.250)], fast)  # 7x: a busy hour
+    assert not steps_agree([Trace((1,), (2,), 0.1, 0.020)], fast)  # the profile was the slow one

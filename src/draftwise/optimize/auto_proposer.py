@@ -30,6 +30,7 @@ import logging
 
 import json
 import shutil
+import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
@@ -59,6 +60,12 @@ log = logging.getLogger(__name__)  # progress lines (the CLI shows INFO)
 
 TRACES_KIND = "plain_traces"
 TRACES_FILE = "traces.json"
+WARMUP_TOKENS = 4  # decoded untimed before the traces
+# the traces' plain step and the profile's one-row verify agree within this factor on an idle
+# machine (benchmarks/heterogeneous/: a trace set cached while a training job ran timed 7x the
+# profile's step, and a profile cached then 1.35x today's)
+STEP_AGREEMENT = 1.3
+ROUND_BOOKKEEPING_S = 0.003  # the engine's own time per round, on top of the forward: tiny models' whole step
 
 
 @dataclass(frozen=True)
@@ -196,6 +203,8 @@ def ensure_traces(target: Backend, prompts: Sequence[Sequence[int]], generation:
         return [Trace.from_dict(t) for t in body["traces"]]
     shutil.rmtree(directory, ignore_errors=True)
     decoder = build_decoder(DecoderSpec(drafter=None, generation=generation), target)
+    warm = replace(generation, max_new_tokens=min(WARMUP_TOKENS, generation.max_new_tokens))
+    build_decoder(DecoderSpec(drafter=None, generation=warm), target).generate(prompts[0])  # untimed: one-time costs
     traces = []
     for i, prompt in enumerate(prompts, 1):
         log.info("plain trace %d/%d (%d new tokens)", i, len(prompts), generation.max_new_tokens)
@@ -206,6 +215,21 @@ def ensure_traces(target: Backend, prompts: Sequence[Sequence[int]], generation:
     (directory / TRACES_FILE).write_text(json.dumps({"traces": [t.as_dict() for t in traces]}) + "\n")
     write_manifest(directory, TRACES_KIND, key)
     return traces
+
+
+def trace_step(traces: Sequence[Trace]) -> float:
+    return float(statistics.median(t.step_s for t in traces))
+
+
+def steps_agree(traces: Sequence[Trace], profile: VerifyCostProfile) -> bool:
+    """Whether the traces' plain step and the profile's one-row verify, timed apart (and perhaps
+    cached from different hours), agree as they do on an idle machine: they differ only in
+    context length and the engine's own bookkeeping per round.  A hand-written profile has no
+    times to compare."""
+    if profile.absolute_s is None:
+        return True
+    step, one_row = trace_step(traces), profile.absolute_at(1)
+    return one_row / STEP_AGREEMENT <= step <= one_row * STEP_AGREEMENT + ROUND_BOOKKEEPING_S
 
 
 def choose_proposer(
@@ -247,6 +271,22 @@ def choose_proposer(
     profile_dir = auto_gate_directory(target, max_rows, cache_root, profile_config, chain)
     profile = ensure_profile(target, profile_dir, gate_rows(max_rows), profile_config.profile_prefix_len,
                              profile_config.profile_repeats, chain=chain)
+    if not steps_agree(traces, profile):  # one of them was timed on a busy machine (and cached from then)
+        log.warning("the plain traces' step (%.1f ms) and the verify profile's one-row step (%.1f ms) disagree: "
+                    "the traces are timed again", 1e3 * trace_step(traces), 1e3 * profile.absolute_at(1))
+        shutil.rmtree(traces_dir, ignore_errors=True)
+        traces = ensure_traces(target, prompts, generation, traces_dir)
+    if not steps_agree(traces, profile):
+        log.warning("they still disagree (%.1f ms against %.1f ms): the profile is measured again",
+                    1e3 * trace_step(traces), 1e3 * profile.absolute_at(1))
+        shutil.rmtree(profile_dir, ignore_errors=True)
+        profile = ensure_profile(target, profile_dir, gate_rows(max_rows), profile_config.profile_prefix_len,
+                                 profile_config.profile_repeats, chain=chain)
+    if not steps_agree(traces, profile):
+        log.warning("the machine is busy (%.1f ms against %.1f ms): the choice below rests on these timings, and "
+                    "neither the traces nor the profile are kept", 1e3 * trace_step(traces), 1e3 * profile.absolute_at(1))
+        shutil.rmtree(traces_dir, ignore_errors=True)
+        shutil.rmtree(profile_dir, ignore_errors=True)
 
     resolved = [(name, replace(c, gate=GateProfile(profile_dir)) if isinstance(c.gate, AutoGate) else c)  # the gate reads this profile
                 for name, c in candidates]
