@@ -30,7 +30,10 @@ from draftwise.topology.compile import TreeLimits
 if TYPE_CHECKING:
     from draftwise.backends.invariance import StrictScope
 
-CALIBRATION_WORKLOAD = "humaneval:0-1"  # the prompts `--proposer auto` and `--tree auto` calibrate on
+# the prompts `--proposer auto` and `--tree auto` calibrate on: code and everyday chat, neither in a
+# benchmark workload (calibrating on code alone ranked prompt lookup above its unions with heads,
+# which win on prose: benchmarks/heterogeneous/)
+CALIBRATION_WORKLOAD = "humaneval:0-1+chat-calibration"
 
 
 @dataclass(frozen=True)

