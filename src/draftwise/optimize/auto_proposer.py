@@ -46,7 +46,6 @@ from draftwise.engine import GenerationConfig
 from draftwise.gate import CostGateConfig
 from draftwise.optimize.auto import AutoTreeConfig, artifact_matches, auto_gate_directory, ensure_profile, gate_rows
 from draftwise.cost_profile import VerifyCostProfile
-from draftwise.optimize.calibrate import relation_for
 from draftwise.optimize.replay import Trace, predicted_seconds, replay, trace_eos, trace_from_records
 from draftwise.optimize.trace_backend import HiddenTraceBackend
 from draftwise.optimize.trace_hidden import TraceHidden, ensure_hidden
@@ -446,8 +445,9 @@ def with_head_trees(spec: DecoderSpec, target: Backend, prompts: Sequence[Sequen
         if not (family.reads_hidden and family.auto_tree and family.name in fitting):
             kept.append(drafter)
             continue
-        config_relation = replace(drafter.config, relation=relation_for(spec.generation.policy))
-        alone = replace(spec, drafter=replace(drafter, config=config_relation), gate=None, draft=None)
+        # the candidate keeps its own relation (top-k by default): under sampling its children are
+        # then verified by membership, which a trace replays (without-replacement draws are not)
+        alone = replace(spec, drafter=drafter, gate=None, draft=None)
         try:
             make_proposers(alone, target)  # the heads ship for this target, and this backend runs them
             artifact = auto_head_tree(alone, target, prompts, cache_root, config)
@@ -459,5 +459,5 @@ def with_head_trees(spec: DecoderSpec, target: Backend, prompts: Sequence[Sequen
             skipped.append((family.name, f"tree=auto chose no tree here (predicted {picked.speedup:.2f}x plain)"))
             continue
         tree = TreeTemplate(from_paths(picked.paths))
-        kept.append(replace(drafter, config=replace(config_relation, tree=tree)))
+        kept.append(replace(drafter, config=replace(drafter.config, tree=tree)))
     return replace(spec, drafter=replace(spec.drafter, candidates=tuple(kept))), skipped
