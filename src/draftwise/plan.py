@@ -64,10 +64,9 @@ def check(spec: DecoderSpec) -> str:
 
         return auto_preflight(spec)
     if isinstance(spec.drafter, UnionDrafter):
-        planned = [m.name for m in spec.drafter.members if isinstance(_tree_of(m), (AutoTree, TreeArtifact))]
-        if planned:
-            raise InputError(f"proposer {spec.proposer}: a union takes its members' concrete shapes; {', '.join(planned)}'s "
-                             "tree is planned (auto or an artifact): plan it alone and pass its tree (--set tree=PATHS)")
+        for member in spec.drafter.members:  # a member's planned tree is planned as for the member alone
+            if isinstance(_tree_of(member), AutoTree):
+                check(replace(spec, drafter=member, gate=None))
     spec = with_auto_tree_relation(spec)
     tree = _tree_of(spec.drafter)
     if isinstance(tree, AutoTree):
@@ -112,6 +111,9 @@ def resolve(spec: DecoderSpec, target: Backend, draft: Backend | None = None,
         spec = _record_dtype(spec, target, draft, choices)
     if isinstance(spec.drafter, AutoDrafter):
         spec = _resolve_proposer(spec, target, draft, root, choices)
+    if isinstance(spec.drafter, UnionDrafter):
+        spec = _resolve_member_trees(spec, target, draft, first_turn_prompts(target.chat_prompt, calibration), root,
+                                     choices)
     spec = with_auto_tree_relation(spec)
     tree = _tree_of(spec.drafter)
     if isinstance(tree, AutoTree):
@@ -178,6 +180,31 @@ def _resolve_auto_tree(spec: DecoderSpec, target: Backend, draft: Backend | None
     choices.append(Choice("tree", str(artifact.directory), f"n={picked.n} d={picked.d}, "
                                                            f"predicted speedup {picked.speedup:.3f}"))
     return _with_template(spec, TreeTemplate(from_paths(picked.paths)))
+
+
+def _resolve_member_trees(spec: DecoderSpec, target: Backend, draft: Backend | None, prompts: list[list[int]],
+                          root: Path, choices: list[Choice]) -> DecoderSpec:
+    """A union whose members' planned trees (`tree=auto`, a `tree optimize` artifact) are planned
+    or read as for each member alone (the same cached artifacts), so `prompt-lookup+hydra++
+    --set tree=auto` merges lookup with the heads' best tree.  A member whose best tree is no
+    tree proposes nothing worth a row: it leaves the union (a union left with one member is that
+    member).  Each member keeps its own children relation: the union's verifier was negotiated
+    for it."""
+    assert isinstance(spec.drafter, UnionDrafter)
+    kept: list[DrafterSpec] = []
+    for member in spec.drafter.members:
+        tree = _tree_of(member)
+        alone = replace(spec, drafter=member, gate=None)
+        if isinstance(tree, AutoTree):
+            alone = _resolve_auto_tree(alone, target, draft, prompts, root, choices)
+            choices[-1] = replace(choices[-1], what=f"tree of {member.name}")
+        elif isinstance(tree, TreeArtifact):
+            alone = _with_template(alone, read_tree_artifact(tree, alone))
+        if alone.drafter is not None:
+            assert isinstance(alone.drafter, DrafterSpec)
+            kept.append(alone.drafter)
+    drafter = UnionDrafter(tuple(kept)) if len(kept) > 1 else kept[0]
+    return replace(spec, drafter=drafter)
 
 
 def resolve_kangaroo(spec: DecoderSpec, target: Backend, prompts: Sequence[Sequence[int]], root: Path,

@@ -312,3 +312,32 @@ def test_traces_cached_from_a_busy_hour_are_timed_again_before_they_decide(tmp_p
     assert steps_agree([trace], fast)  # 36 ms against 30: context length and the engine's bookkeeping
     assert not steps_agree([Trace((1,), (2,), 0.1, 0.250)], fast)  # 7x: a busy hour
     assert not steps_agree([Trace((1,), (2,), 0.1, 0.020)], fast)  # the profile was the slow one
+
+
+@pytest.mark.model
+def test_a_unions_head_member_with_tree_auto_gets_the_tree_planned_for_it_alone(smol_target, tmp_path):
+    """`prompt-lookup+hydra++ --set tree=auto`: the heads' tree is the one `--proposer hydra++
+    --tree auto` plans (the same cached artifacts); prompt lookup is untouched."""
+    from dataclasses import replace as _replace
+
+    from draftwise.optimize.auto import auto_head_tree
+    from draftwise.plan import check, resolve
+    from draftwise.spec import UnionDrafter
+    from draftwise.topology.tree_spec import TreeTemplate
+    from draftwise.workloads import first_turn_prompts
+
+    spec = make_spec(GenerationConfig(max_new_tokens=24), proposer="prompt-lookup+hydra++", tree="auto")
+    check(spec)
+    resolved, choices = resolve(spec, smol_target, cache_root=tmp_path, calibration="humaneval:0-0")
+    alone = make_spec(GenerationConfig(max_new_tokens=24), proposer="hydra++", tree="auto")
+    prompts = first_turn_prompts(smol_target.chat_prompt, "humaneval:0-0")
+    planned = auto_head_tree(alone, smol_target, prompts, tmp_path)  # cached: nothing measured again
+    assert [c.what for c in choices] == ["tree of hydra++"]
+    if planned.choice.n == 1:  # no tree paid: the union is prompt lookup alone
+        assert resolved.proposer == "prompt-lookup"
+        return
+    assert isinstance(resolved.drafter, UnionDrafter)
+    lookup, heads = resolved.drafter.members
+    assert lookup == spec.drafter.members[0]
+    assert isinstance(heads.config.tree, TreeTemplate) and len(heads.config.tree.paths) + 1 == planned.choice.n
+    assert _replace(heads.config, tree=None) == _replace(spec.drafter.members[1].config, tree=None)

@@ -50,9 +50,10 @@ def test_a_union_needing_a_draft_model_says_so_before_loading():
         check(spec_from_options({"proposer": "prompt-lookup+draft-model"}))
 
 
-def test_a_planned_tree_inside_a_union_is_refused():
-    with pytest.raises(InputError, match="plan it alone"):
-        check(spec_from_options({"proposer": "prompt-lookup+hydra", "tree": "auto"}))
+def test_a_planned_tree_inside_a_union_is_checked_as_for_the_member_alone():
+    check(spec_from_options({"proposer": "prompt-lookup+hydra", "tree": "auto"}))  # planned after loading
+    with pytest.raises(InputError, match="pass --draft MODEL"):  # what the member alone would be told
+        check(spec_from_options({"proposer": "prompt-lookup+draft-model", "tree": "auto"}))
 
 
 @pytest.mark.parametrize("options, guarded", [

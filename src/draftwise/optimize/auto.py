@@ -254,7 +254,11 @@ def auto_head_tree(
     # the acceptance does not depend on the node budget: one calibration serves every budget,
     # each budget keeps its own tree
     root = Path(cache_root) / "heads" / stable_hash(key)[:20]
-    profile_dir, acceptance_dir, tree_dir = root / "profile", root / "acceptance", root / f"tree-n{config.max_nodes}"
+    acceptance_dir, tree_dir = root / "acceptance", root / f"tree-n{config.max_nodes}"
+    # the verify cost is the target's alone: every head family, set and policy shares one profile
+    profile_key = {k: key[k] for k in ("target", "tokenizer_hash", "backend", "dtype", "threads")}
+    profile_key["config"] = {"profile_prefix_len": config.profile_prefix_len, "profile_repeats": config.profile_repeats}
+    profile_dir = Path(cache_root) / "heads-profile" / stable_hash(profile_key)[:20]
     ensure_profile(target, profile_dir, tuple(range(1, max(config.max_nodes, AutoTreeConfig.max_nodes) + 1)),
                    config.profile_prefix_len, config.profile_repeats)
     if not artifact_matches(acceptance_dir, "acceptance",
