@@ -198,3 +198,65 @@ def test_a_batch_profile_round_trips_and_refuses_tampering(tmp_path):
     data.write_text(data.read_text().replace("21.0", "2.0"))
     with pytest.raises(ArtifactError):
         BatchCostProfile.load(tmp_path / "p")
+
+
+# ---- the per-source gate of a heterogeneous round --------------------------------------------
+def union_round(lookup_paths, heads_paths, prefix_len=10):
+    """A merged round of a 'lookup' and a 'heads' proposal (sources 0 and 1)."""
+    return compile_round(prefix_len, [result_from_paths(lookup_paths, source="lookup"),
+                                      result_from_paths(heads_paths, source="heads")], TreeLimits())
+
+
+def source_gate(p=profile([1.0, 1.05, 1.1, 1.6, 1.7, 1.8, 1.9, 2.0, 2.1, 2.2, 2.3, 2.4, 2.5, 2.6, 2.7]), **rates):
+    from draftwise.gate import SourceGate
+
+    return SourceGate(CostGateConfig(p, **rates), 2)
+
+
+def test_the_union_expectation_tries_the_likelier_source_first_then_the_other():
+    g = source_gate()
+    for k, (h1, hc) in enumerate([(0.2, 0.9), (0.6, 0.5)]):
+        g.gates[k].first.successes, g.gates[k].first.trials = h1, 1.0
+        g.gates[k].further.successes, g.gates[k].further.trials = hc, 1.0
+    heads_two = 0.6 + 0.6 * 0.5
+    assert g.expected_union([0, 2]) == pytest.approx(heads_two)
+    assert g.expected_union([3, 2]) == pytest.approx(heads_two + (1 - 0.6) * (0.2 + 0.2 * 0.9 + 0.2 * 0.81))
+    assert g.expected_union([0, 0]) == 0.0
+
+
+def test_a_source_whose_rows_keep_missing_is_cut_while_the_other_keeps_its_rows():
+    """Lookup's 5-token chain never matches, the heads' first token always does: the per-source
+    gate stops verifying lookup's rows and keeps the heads'.  A pooled gate (one model for the
+    merged tree, cut by depth) cannot: it keeps or cuts depth 1 of both (the planted contrast)."""
+    offered = union_round([[1, 2, 3, 4, 5]], [[7, 8], [9]])  # lookup: 5 rows; heads: 3 rows (7, 7-8, 9)
+    g = source_gate()
+    pooled = CostGate(CostGateConfig(g.config.profile))
+    for _ in range(12):  # the target publishes 7, 8 then its own token every round
+        g.observe(offered, [7, 8, 6])
+        pooled.observe(offered, [7, 8, 6])
+    cut, was_cut = gate_round(g, offered, reads_prompt=False)
+    assert was_cut and g._depths[0] == 0 and g._depths[1] >= 1
+    kept = {int(t) for t in cut.token_ids}
+    assert kept.isdisjoint({1, 2, 3, 4, 5}) and 7 in kept
+    pooled_cut, _ = gate_round(pooled, offered, reads_prompt=False)
+    assert {1, 7} <= {int(t) for t in pooled_cut.token_ids} or not pooled_cut.n  # by depth: both or neither
+
+
+def test_a_row_both_sources_proposed_stays_while_either_keeps_it():
+    offered = union_round([[7, 2, 3]], [[7, 8]])  # 7 merged: lookup's first and the heads' first
+    g = source_gate()
+    for _ in range(12):
+        g.observe(offered, [7, 8, 6])  # lookup's second token (2) always misses; the heads' 8 hits
+    cut, _ = gate_round(g, offered, reads_prompt=False)
+    assert [int(t) for t in cut.token_ids] == [7, 8]  # lookup cut below the merged row, heads whole
+    assert g.expected_accepted(1) <= g.expected_accepted(2)  # a batch's deeper cut is priced too
+
+
+def test_a_round_that_reads_the_prompt_is_left_whole_and_one_source_is_no_union():
+    from draftwise.errors import InputError
+    from draftwise.gate import SourceGate
+
+    offered = union_round([[1, 2]], [[3]])
+    assert gate_round(source_gate(), offered, reads_prompt=True) == (offered, False)
+    with pytest.raises(InputError, match="two or more"):
+        SourceGate(CostGateConfig(FLAT), 1)

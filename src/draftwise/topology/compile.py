@@ -129,7 +129,16 @@ def compile_round(prefix_len: int, results: list[ProposalResult], limits: TreeLi
 def cut_to_depth(round_: CompiledRound, depth: int) -> CompiledRound:
     """`round_` without its rows deeper than `depth`: exactly the rows it held at depth <= d,
     in the same order (rows are parent-before-child, so the kept ones still are)."""
-    keep = np.flatnonzero(round_.depth <= depth)  # [K] old row ids, ascending
+    return keep_rows(round_, round_.depth <= depth)
+
+
+def keep_rows(round_: CompiledRound, keep_mask: np.ndarray) -> CompiledRound:
+    """`round_` with only the rows of `keep_mask` [N] bool, which must hold every kept row's
+    parent (a depth cut; a source's own rows), in the same order."""
+    keep = np.flatnonzero(keep_mask)  # [K] old row ids, ascending
+    parents = round_.parent[keep]
+    if np.any((parents >= 0) & ~keep_mask[np.maximum(parents, 0)]):
+        raise ValueError("a kept row's parent was cut: the rows kept must be closed under ancestors")
     new_of = np.full(round_.n + 1, -2, dtype=np.int64)  # old row + 1 -> new row (-2: cut); the frontier stays -1
     new_of[0] = -1
     new_of[keep + 1] = np.arange(keep.size)
