@@ -298,3 +298,24 @@ def test_a_plain_round_chosen_by_the_guard_drafts_nothing(tiny, draft, drafter, 
             plain_rounds += 1
             assert round_.draft_calls == 0 and max(round_.rows) == 1, round_
     assert plain_rounds >= 3
+
+
+def test_a_gated_union_in_a_batch_cuts_per_source_and_keeps_each_requests_own_output(tiny, tmp_path):
+    """prompt-lookup+hydra with the gate (one acceptance model per source) in shared rounds:
+    every request's output equals its own alone with the same gate; the gate cut rounds (the
+    profile makes rows cost), and the batch's deeper cuts of those rounds are depth cuts."""
+    from draftwise.cost_profile import VerifyCostProfile
+    from draftwise.spec import GateProfile
+
+    from tests.integration.tiny_heads import random_headset, save_headset
+
+    steep = VerifyCostProfile(rows=tuple(range(1, 17)), relative=tuple([1.0, 1.02, 1.04] + [1.6] * 13), absolute_s=None,
+                              model=tiny.info.checkpoint, backend="transformers", threads=1, machine="test")
+    steep.save(tmp_path / "profile")
+    heads = save_headset(tmp_path / "heads", random_headset("hydra", tiny, seed=5, num_heads=3, draft_vocab=6))
+    spec = make_spec(GREEDY, proposer="prompt-lookup+hydra", heads=heads, tree="cartesian:2,2", lookup=4,
+                     guard="false", gate=GateProfile(tmp_path / "profile"))
+    alone = [build_decoder(spec, tiny).generate(p) for p in PROMPTS]
+    results = batch_decoder(spec, TransformersBatch.from_backend(tiny, 3)).generate_many(PROMPTS)
+    assert [r.tokens for r in results] == [a.tokens for a in alone]
+    assert any(record.gated for r in results for record in r.records)
