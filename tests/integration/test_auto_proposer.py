@@ -303,9 +303,12 @@ def test_traces_cached_from_a_busy_hour_are_timed_again_before_they_decide(tmp_p
     write_manifest(first.traces_directory, TRACES_KIND, key)  # a valid artifact, only timed on a busy machine
     again, log = choose(target, tmp_path)
     assert "timed again" in log and "plain trace" in log
-    retimed = [Trace.from_dict(t) for t in json.loads(data.read_text())["traces"]]
-    profile_ = VerifyCostProfile.load(again.profile_directory)
-    assert all(t.step_s < 0.5 for t in retimed) and steps_agree(retimed, profile_)
+    if data.is_file():  # kept: the new timings agree with the profile
+        retimed = [Trace.from_dict(t) for t in json.loads(data.read_text())["traces"]]
+        assert all(t.step_s < 0.5 for t in retimed)
+        assert steps_agree(retimed, VerifyCostProfile.load(again.profile_directory))
+    else:  # a tiny model's millisecond steps on a machine busy right now: said, and nothing kept
+        assert "machine is busy" in log
 
     fast = VerifyCostProfile.from_absolute([1, 2], [0.030, 0.031], model="m", backend="b", threads=2, machine="x")
     trace = Trace((1,), (2,), 0.1, 0.036)
