@@ -64,7 +64,7 @@ WARMUP_TOKENS = 4  # decoded untimed before the traces
 # machine (benchmarks/heterogeneous/: a trace set cached while a training job ran timed 7x the
 # profile's step, and a profile cached then 1.35x today's)
 STEP_AGREEMENT = 1.3
-ROUND_BOOKKEEPING_S = 0.003  # the engine's own time per round, on top of the forward: tiny models' whole step
+ROUND_BOOKKEEPING_S = 0.005  # the engine's own time per round, on top of the forward: tiny models' whole step
 
 
 @dataclass(frozen=True)
