@@ -26,7 +26,7 @@ from draftwise.backends.base import Backend, check_fits, supports_hidden
 from draftwise.contracts import ProposalResult, RoundManifest, TopologyKind
 from draftwise.errors import ContractError
 from draftwise.errors import InputError
-from draftwise.gate import CostGate, CostGateConfig, SourceGate, check_gateable, gate_round
+from draftwise.gate import CostGate, CostGateConfig, SourceGate, check_gateable, gate_round, make_gate
 from draftwise.logits import TargetLogits
 from draftwise.proposers.base import (DraftRequest, HoldsResources, Proposer, RoundFeedback, SteppedProposer,
                                       answer_alone)
@@ -257,8 +257,7 @@ class SpeculativeDecoder:
         emitter = _Emitter(config.max_new_tokens, self.target.info.eos_token_ids, config.stop_strings,
                            self.target.detokenize)
         records: list[RoundRecord] = []
-        gate = None if config.gate is None else \
-            SourceGate(config.gate, len(self.proposers)) if len(self.proposers) > 1 else CostGate(config.gate)
+        gate = make_gate(config.gate, len(self.proposers))
         harm = DoNoHarm(config.guard) if config.guard is not None and self.proposers and batch_size is None else None
         context = list(prompt)
         start = time.perf_counter()

@@ -95,14 +95,12 @@ class CostGate:
         self.config = config
         self.first = _DecayedRate(config.prior_first, config.prior_weight)
         self.further = _DecayedRate(config.prior_continue, config.prior_weight)
-        self._open_walk: tuple[CompiledRound, int, int] | None = None  # (proposal, row, depth) still open
+        self._open_walk: tuple[CompiledRound, np.ndarray | None, int, int] | None = None  # (proposal, own rows, row, depth) still open
         self.batch = 1  # requests sharing this round's forward (the batch engine sets it each round)
 
     @property
     def profile(self) -> VerifyCostProfile:
-        """t(n) for this round: the batch-1 profile, or t_B(n) for the current batch."""
-        batches = self.config.batch_profile
-        return self.config.profile if batches is None else batches.at(self.batch)
+        return round_profile(self.config, self.batch)
 
     def expected_accepted(self, depth: int) -> float:
         """E[accepted | a chain of `depth` candidates] under the current rates."""
@@ -127,26 +125,27 @@ class CostGate:
                 best_depth, best_rate = depth, rate
         return best_depth
 
-    def observe(self, offered: CompiledRound | None, published: Sequence[int]) -> None:
+    def observe(self, offered: CompiledRound | None, published: Sequence[int], own: np.ndarray | None = None) -> None:
         """Learn from the round: walk `published` (accepted tokens, then the target's own) down
-        the full proposal `offered`, cut rows included.  A walk that runs out of published
-        tokens with candidates still below (a round cut short, a plain step) continues into
-        the next rounds' tokens, so a gate that keeps taking plain steps still learns how far
-        the proposals would have gone, not only whether their first token was right."""
+        the full proposal `offered`, cut rows included (`own` [N] bool: only these rows, one
+        source's in a merged round).  A walk that runs out of published tokens with candidates
+        still below (a round cut short, a plain step) continues into the next rounds' tokens,
+        so a gate that keeps taking plain steps still learns how far the proposals would have
+        gone, not only whether their first token was right."""
         self.first.decay(self.config.decay)
         self.further.decay(self.config.decay)
         if self._open_walk is not None:
-            earlier, parent, depth = self._open_walk
-            self._open_walk = self._walk(earlier, parent, depth, published)
+            earlier, earlier_own, parent, depth = self._open_walk
+            self._open_walk = self._walk(earlier, earlier_own, parent, depth, published)
         if offered is not None and offered.n:  # one walk stays open: the newest proposal's
-            self._open_walk = self._walk(offered, -1, 0, published)
+            self._open_walk = self._walk(offered, own, -1, 0, published)
 
-    def _walk(self, offered: CompiledRound, parent: int, depth: int,
-              published: Sequence[int]) -> tuple[CompiledRound, int, int] | None:
+    def _walk(self, offered: CompiledRound, own: np.ndarray | None, parent: int, depth: int,
+              published: Sequence[int]) -> tuple[CompiledRound, np.ndarray | None, int, int] | None:
         """Count each published token against the candidates under `parent` (at `depth`);
         return where the walk stands if the tokens ran out before the candidates did."""
         for token in published:
-            children = offered.children_of(parent)
+            children = _children(offered, own, parent)
             if not children:
                 return None  # the proposal ends here: nothing to learn about deeper candidates
             depth += 1
@@ -155,7 +154,23 @@ class CostGate:
             if match is None:
                 return None
             parent = match
-        return (offered, parent, depth) if offered.children_of(parent) else None
+        return (offered, own, parent, depth) if _children(offered, own, parent) else None
+
+
+def _children(offered: CompiledRound, own: np.ndarray | None, parent: int) -> list[int]:
+    return [row for row in offered.children_of(parent) if own is None or own[row]]
+
+
+def round_profile(config: CostGateConfig, batch: int) -> VerifyCostProfile:
+    """t(n) for a round of `batch` requests: the batch-1 profile, or t_B(n) for that batch."""
+    return config.profile if config.batch_profile is None else config.batch_profile.at(batch)
+
+
+def make_gate(config: CostGateConfig | None, sources: int) -> "CostGate | SourceGate | None":
+    """The gate of a generation whose rounds merge `sources` proposers' candidates."""
+    if config is None:
+        return None
+    return SourceGate(config, sources) if sources > 1 else CostGate(config)
 
 
 class SourceGate:
@@ -183,11 +198,11 @@ class SourceGate:
         self.gates = [CostGate(config) for _ in range(sources)]
         self.batch = 1
         self._depths: tuple[int, ...] = (0,) * sources  # the last round's choice
+        self._own: tuple[CompiledRound, list[np.ndarray]] | None = None  # the last round's rows per source
 
     @property
     def profile(self) -> VerifyCostProfile:
-        self.gates[0].batch = self.batch
-        return self.gates[0].profile
+        return round_profile(self.config, self.batch)
 
     def expected_union(self, depths: Sequence[int]) -> float:
         """E[accepted] of the merged round that verifies depths 1..depths[s] of each source s."""
@@ -237,7 +252,7 @@ class SourceGate:
     def cut(self, offered: CompiledRound) -> tuple[CompiledRound, bool]:
         """`offered` with each source's rows deeper than its chosen depth cut (a row stays while
         any source that proposed it keeps it), and whether anything was cut."""
-        own = [own_rows(offered, k) for k in range(len(self.gates))]  # [S] of [N] bool
+        own = self._rows_of(offered)
         deepest = [int(offered.depth[mask].max()) if mask.any() else 0 for mask in own]
         rows_by_source = [[int(np.count_nonzero(mask & (offered.depth <= d))) for d in range(top + 1)]
                           for mask, top in zip(own, deepest)]
@@ -251,9 +266,15 @@ class SourceGate:
 
     def observe(self, offered: CompiledRound | None, published: Sequence[int]) -> None:
         """Each source's model walks the published tokens down its own rows of `offered`."""
-        for k, gate in enumerate(self.gates):
-            gate.batch = self.batch
-            gate.observe(None if offered is None else keep_rows(offered, own_rows(offered, k)), published)
+        own = [None] * len(self.gates) if offered is None else self._rows_of(offered)
+        for gate, rows in zip(self.gates, own):
+            gate.observe(offered if rows is None or rows.any() else None, published, rows)
+
+    def _rows_of(self, offered: CompiledRound) -> list[np.ndarray]:
+        """[S] of [N] bool: each source's rows of `offered` (kept from `cut` for `observe`)."""
+        if self._own is None or self._own[0] is not offered:
+            self._own = (offered, [own_rows(offered, k) for k in range(len(self.gates))])
+        return self._own[1]
 
 
 def own_rows(round_: CompiledRound, source: int) -> np.ndarray:

@@ -162,7 +162,7 @@ def _resolve_proposer(spec: DecoderSpec, target: Backend, draft: Backend | None,
 
 
 def _resolve_auto_tree(spec: DecoderSpec, target: Backend, draft: Backend | None, prompts: list[list[int]],
-                       root: Path, choices: list[Choice]) -> DecoderSpec:
+                       root: Path, choices: list[Choice], what: str = "tree") -> DecoderSpec:
     from draftwise.optimize.auto import auto_head_tree, auto_tree
 
     assert isinstance(spec.drafter, DrafterSpec)
@@ -175,9 +175,9 @@ def _resolve_auto_tree(spec: DecoderSpec, target: Backend, draft: Backend | None
     picked = artifact.choice
     log.info("auto tree: n=%d d=%d, predicted speedup %.2f", picked.n, picked.d, picked.speedup)
     if picked.n == 1:  # measured: no tree beats plain decoding here
-        choices.append(Choice("tree", "none (plain decoding)", f"predicted speedup {picked.speedup:.3f}"))
+        choices.append(Choice(what, "none (plain decoding)", f"predicted speedup {picked.speedup:.3f}"))
         return replace(spec, drafter=None)
-    choices.append(Choice("tree", str(artifact.directory), f"n={picked.n} d={picked.d}, "
+    choices.append(Choice(what, str(artifact.directory), f"n={picked.n} d={picked.d}, "
                                                            f"predicted speedup {picked.speedup:.3f}"))
     return _with_template(spec, TreeTemplate(from_paths(picked.paths)))
 
@@ -196,8 +196,7 @@ def _resolve_member_trees(spec: DecoderSpec, target: Backend, draft: Backend | N
         tree = _tree_of(member)
         alone = replace(spec, drafter=member, gate=None)
         if isinstance(tree, AutoTree):
-            alone = _resolve_auto_tree(alone, target, draft, prompts, root, choices)
-            choices[-1] = replace(choices[-1], what=f"tree of {member.name}")
+            alone = _resolve_auto_tree(alone, target, draft, prompts, root, choices, what=f"tree of {member.name}")
         elif isinstance(tree, TreeArtifact):
             alone = _with_template(alone, read_tree_artifact(tree, alone))
         if alone.drafter is not None:
