@@ -73,6 +73,9 @@ class DoNoHarmConfig:
     # weight of an arm's past per round of the OTHER arm: how fast what it did becomes stale
     stale: float = 0.99
     explore_rounds: int = 1  # consecutive rounds of the other arm per exploration
+    # share of a plain round's time its shadow proposal may take (`draftwise.shadow`): prompt
+    # lookup's ~0.1 ms shadows every round, the heads' ~1.5 ms every third on a 35 ms step
+    shadow_budget: float = 0.02
 
     def __post_init__(self) -> None:
         if self.warmup < 1 or self.explore_every < 2 or self.max_interval < self.explore_every:
@@ -81,6 +84,8 @@ class DoNoHarmConfig:
             raise InputError(f"do-no-harm needs decay in [0, 1) and stale in [0, 1], got {self}")
         if not 1 <= self.explore_rounds < self.explore_every:
             raise InputError(f"do-no-harm needs 1 <= explore_rounds < explore_every, got {self}")
+        if not 0.0 < self.shadow_budget <= 1.0:
+            raise InputError(f"do-no-harm needs shadow_budget in (0, 1], got {self}")
 
 
 @dataclass
@@ -95,13 +100,20 @@ class _Rate:
     last: int = 0  # the batch size's round count when this arm was last played
     weight: float = 0.0  # the rounds the sums hold, each weighted as they are
 
-    def add(self, tokens: int, seconds: float, config: DoNoHarmConfig, now: int) -> None:
-        past = 0.0 if self.rounds == 0 else config.decay * config.stale ** (now - self.last - 1)
+    def add(self, tokens: int, seconds: float, config: DoNoHarmConfig, now: int, played: bool = True) -> None:
+        """One round's evidence at round `now`; `played=False`: a shadow round (not played,
+        priced at this arm's mean round), which counts as evidence but not as a played round."""
+        past = 0.0 if self.weight == 0 else config.decay * config.stale ** max(0, now - self.last - 1)
         self.tokens = past * self.tokens + tokens
         self.seconds = past * self.seconds + seconds
         self.weight = past * self.weight + 1.0
-        self.rounds += 1
+        self.rounds += played
         self.last = now
+
+    @property
+    def mean_seconds(self) -> float:
+        """The weighted mean wall time of this arm's rounds (0.0 before any)."""
+        return self.seconds / self.weight if self.weight > 0 else 0.0
 
     def carried(self, rounds: int) -> "_Rate":
         """This estimate as `rounds` rounds' worth of evidence at another batch size."""
@@ -122,6 +134,7 @@ class _BatchState:
     clock: int = 0  # rounds observed at this batch size
     burst: int = 0  # exploration rounds still to play in the current exploration
     turnover: float = 0.0  # the share of the batch that joined since the other arm was last played
+    shadows: int = 0  # shadow rounds of SPECULATE counted (`DoNoHarm.shadow`)
 
     def warming(self, warmup: int) -> bool:
         """Whether an arm has been played fewer than `warmup` rounds at this batch size."""
@@ -153,9 +166,25 @@ class DoNoHarm:
         for arm in (state.choice, state.choice.other):  # warm-up: the prior's arm first
             if state.rates[arm].rounds < self.config.warmup:
                 return arm, arm is not state.choice
+        if state.choice is Arm.PLAIN and state.shadows:
+            return Arm.PLAIN, False  # shadow rounds tell what speculation would do: no exploration needed
         if state.burst > 0 or state.since_explore + 1 >= state.interval:
             return state.choice.other, True
         return state.choice, False
+
+    def shadow(self, batch: int, tokens: int) -> bool:
+        """A shadow round (`draftwise.shadow`): a speculative round at this point would have
+        committed `tokens`.  It counts as a SPECULATE round priced at that arm's mean measured
+        round, so speculation's estimate follows the text while plain steps are played, and the
+        choice returns to it at the next comparison once it pays.  Ignored (False) before
+        SPECULATE has a measured round at `batch` to price it with."""
+        state = self._state(batch)
+        rate = state.rates[Arm.SPECULATE]
+        if rate.rounds == 0:
+            return False
+        rate.add(tokens, rate.mean_seconds, self.config, state.clock, played=False)
+        state.shadows += 1
+        return True
 
     def observe(self, batch: int, arm: Arm, tokens: int, seconds: float, explored: bool) -> None:
         state = self._state(batch)
@@ -177,7 +206,7 @@ class DoNoHarm:
             state.since_explore += 1
         best = max(Arm, key=lambda a: (state.rates[a].per_second, a is Arm.PLAIN))  # a tie goes to plain
         if best is not state.choice:
-            state.choice, state.interval = best, self.config.explore_every
+            state.choice, state.interval, state.since_explore = best, self.config.explore_every, 0
         elif explored:
             state.interval = min(2 * state.interval, self.config.max_interval)
 
@@ -196,6 +225,11 @@ class DoNoHarm:
         state.turnover = 0.0
         state.interval = self.config.explore_every
         state.since_explore = max(state.since_explore, state.interval - 1)
+
+    def mean_round(self, batch: int, arm: Arm) -> float:
+        """The weighted mean seconds of `arm`'s rounds at `batch` (0.0 before any)."""
+        state = self._states.get(batch)
+        return 0.0 if state is None else state.rates[arm].mean_seconds
 
     def estimates(self, batch: int) -> dict[Arm, float]:
         """Committed tokens per second of each arm at `batch` (0.0 where not yet played)."""

@@ -31,6 +31,7 @@ from draftwise.logits import TargetLogits
 from draftwise.proposers.base import (DraftRequest, HoldsResources, Proposer, RoundFeedback, SteppedProposer,
                                       answer_alone)
 from draftwise.sampling import SamplingPolicy
+from draftwise.shadow import ShadowRounds
 from draftwise.stats import GenerationStats, RoundRecord, summarize
 from draftwise.text import check_utf8
 from draftwise.topology.compile import COMPILER_VERSION, CompiledRound, TreeLimits, compile_round, cut_to_depth
@@ -259,6 +260,8 @@ class SpeculativeDecoder:
         records: list[RoundRecord] = []
         gate = make_gate(config.gate, len(self.proposers))
         harm = DoNoHarm(config.guard) if config.guard is not None and self.proposers and batch_size is None else None
+        shadows = ShadowRounds(config.guard.shadow_budget) if harm is not None and config.guard is not None \
+            and self._shadowable() else None
         context = list(prompt)
         start = time.perf_counter()
         self.target.reset()
@@ -267,7 +270,7 @@ class SpeculativeDecoder:
                 if gate is not None and batch_size is not None:
                     gate.batch = batch_size()
                 record, emitted = yield from self._round(context, emitter, rng, gate, harm, batch_size is not None,
-                                                         ask_arm)
+                                                         ask_arm, shadows)
                 records.append(record)
                 context.extend(emitted)
                 if emitted:
@@ -288,12 +291,23 @@ class SpeculativeDecoder:
             verifier=self.verifier.capabilities.name,
         )
 
+    def _shadowable(self) -> bool:
+        """Whether the guard's plain rounds can carry shadow proposals (`draftwise.shadow`): every
+        proposer proposes from the context and the target's committed state alone, and the
+        verifier accepts exactly the rows whose tokens the target publishes."""
+        return self.verifier.capabilities.any_candidates and all(
+            getattr(proposer, "proposes_without_state", False) for proposer in self.proposers)
+
     def _round(self, context: list[int], emitter: _Emitter, rng: np.random.Generator, gate: CostGate | SourceGate | None,
                harm: DoNoHarm | None = None, batched: bool = False, ask_arm: bool = False,
+               shadows: ShadowRounds | None = None,
                ) -> Generator[VerifyRequest | DraftRequest | ArmRequest, Any, tuple[RoundRecord, list[int]]]:
         """One round.  The first also reads the prompt (its `unread` rows) in the verify forward.
         `batched`: a stepped proposer's draft forwards are yielded, for the batch to answer with
-        every request's (alone, `propose` answers them inline: the same steps, no detour)."""
+        every request's (alone, `propose` answers them inline: the same steps, no detour).
+        `shadows`: a plain round the guard chose may carry a shadow proposal, made and compiled
+        as a speculative round's would be, never verified (what it would have committed is read
+        off the tokens published later and told to the guard)."""
         seconds: dict[str, float] = {}
         limits = round_limits(self.config.limits, len(context), self.target.info.context_length,
                               emitter.limit - len(emitter.tokens), self.target.info.max_verify_rows)
@@ -322,6 +336,20 @@ class SpeculativeDecoder:
                     f"{result.source}: proposal made under contract {result.contract}, but the proposer declared "
                     f"{proposer.contract}, which the verifier was bound to"
                 )
+
+        shadowed = shadows is not None and arm is Arm.PLAIN and not reads_prompt and limits.max_depth > 0 \
+            and shadows.due()
+        shadow_offered = None  # the gate learns from a shadow proposal as from an offered one
+        if shadowed:
+            assert shadows is not None and harm is not None
+            start = clock
+            proposals = [proposer.propose(context, self.manifest.hash, max_depth=limits.max_depth)
+                         for proposer in self.proposers]
+            shadow_offered = compile_round(len(context), proposals, limits)
+            candidate, _ = gate_round(gate, shadow_offered, reads_prompt=False)
+            lap, clock = _lap(clock)
+            seconds["propose"] = seconds.get("propose", 0.0) + lap
+            shadows.track(len(emitter.tokens), candidate, clock - start, harm.mean_round(1, Arm.PLAIN))
 
         offered = compile_round(len(context), results, limits)
         proposed = any(r.nodes for r in results)
@@ -354,7 +382,7 @@ class SpeculativeDecoder:
         for i, (proposer, result) in enumerate(zip(self.proposers, results)):
             proposer.observe(feedback_for(i, result, round_, selection.accepted_rows, decided[:emitted_count]))
         if gate is not None:
-            gate.observe(offered if asked else None, decided)
+            gate.observe(offered if asked else shadow_offered, decided)
         record = RoundRecord(
             nodes=round_.n,
             proposal_depth=int(round_.depth.max()) if round_.n else 0,
@@ -371,9 +399,12 @@ class SpeculativeDecoder:
             reads_prompt=reads_prompt,
             detail={key: value for result in results for key, value in result.seconds.items()},
             guard_plain=arm is Arm.PLAIN,
+            shadowed=shadowed,
             by_source=source_ledger(self.proposers, round_, selection.accepted_rows[:emitted_count]) if asked else (),
         )
         if harm is not None and not reads_prompt:
+            for tokens in shadows.resolve(emitter.tokens) if shadows is not None else ():
+                harm.shadow(1, tokens)
             harm.observe(1, arm, emitted_count, record.total_seconds, explored)
         return record, emitter.tokens[-emitted_count:] if emitted_count else []
 

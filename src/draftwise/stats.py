@@ -33,7 +33,8 @@ class RoundRecord:
     depth_limit: int = 0  # the deepest candidate this round could verify (context and max_new_tokens); 0 if not asked
     # the proposers' own split of their phase (a head stage per level): inside `seconds`, not added to it
     detail: dict[str, float] = field(default_factory=dict)
-    guard_plain: bool = False  # the do-no-harm guard made this round a plain step (nothing proposed)
+    guard_plain: bool = False  # the do-no-harm guard made this round a plain step (nothing verified)
+    shadowed: bool = False  # that plain step carried a shadow proposal (`draftwise.shadow`): proposed, never verified
     # per proposer, in the engine's order: (its name, verified rows it proposed, accepted rows it
     # proposed); a row two sources proposed (merged by full prefix) counts for both
     by_source: tuple[tuple[str, int, int], ...] = ()
@@ -64,6 +65,7 @@ class GenerationStats:
     # mean seconds per round that asked, of each part of the proposers' time (e.g. head1, head2)
     detail_per_round: dict[str, float] = field(default_factory=dict)
     guard_plain_rounds: int = 0  # rounds the do-no-harm guard made plain steps
+    shadow_rounds: int = 0  # of those, the ones that carried a shadow proposal
     # proposer -> {"rounds": rounds it proposed in, "rows": verified rows it proposed,
     # "accepted": accepted rows it proposed, "accepted_per_round": accepted / rounds}: which source
     # of a union pays (a row two sources proposed counts for both)
@@ -101,6 +103,7 @@ def summarize(records: list[RoundRecord], new_tokens: int, wall_seconds: float) 
         max_provisional_kv_bytes=max((r.provisional_kv_bytes for r in records), default=0),
         detail_per_round=_detail(records),
         guard_plain_rounds=sum(r.guard_plain for r in records),
+        shadow_rounds=sum(r.shadowed for r in records),
         by_source=_by_source(records),
     )
 

@@ -92,3 +92,41 @@ def test_guard_words_are_parsed_once_and_bad_ones_refused():
     assert make_spec(proposer="prompt-lookup").guard.value == "batch"
     with pytest.raises(InputError, match="guard='sometimes'"):
         make_spec(proposer="prompt-lookup", guard="sometimes")
+
+
+class SlowLookup(PromptLookupProposer):
+    """Prompt lookup made slow enough that speculation loses: the guard plays plain steps."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds, self.calls = seconds, 0
+
+    def propose(self, context, manifest_hash, max_depth=None):
+        self.calls += 1
+        time.sleep(self.seconds)
+        return super().propose(context, manifest_hash, max_depth)
+
+
+def test_plain_rounds_carry_shadow_proposals_within_budget_and_never_verify_them(tiny):
+    plain = SpeculativeDecoder(tiny, [], GreedyVerifier(), GenerationConfig(max_new_tokens=48)).generate(PROMPT)
+    proposer = SlowLookup(0.02)
+    guarded = SpeculativeDecoder(tiny, [proposer], GreedyVerifier(),
+                                 GenerationConfig(max_new_tokens=48, guard=DoNoHarmConfig())).generate(PROMPT)
+    assert guarded.tokens == plain.tokens
+    shadowed = [r for r in guarded.records if r.shadowed]
+    assert shadowed and guarded.stats.shadow_rounds == len(shadowed)
+    assert all(r.guard_plain and r.nodes == 0 and not r.asked for r in shadowed)  # proposed, never verified
+    assert proposer.calls == sum(r.asked for r in guarded.records) + len(shadowed)
+    # a 20 ms proposal against the tiny model's ~1 ms step: shadows are spaced far beyond this answer
+    assert len(shadowed) <= 2
+    cheap = PromptLookupProposer()
+    free = SpeculativeDecoder(tiny, [cheap], GreedyVerifier(),
+                              GenerationConfig(max_new_tokens=48, guard=DoNoHarmConfig())).generate(PROMPT)
+    assert free.tokens == plain.tokens
+
+
+def test_a_proposer_with_state_gets_no_shadow_proposals(tiny):
+    proposer = SlowWrongProposer(tiny, 0.01)  # not marked `proposes_without_state`
+    result = SpeculativeDecoder(tiny, [proposer], GreedyVerifier(),
+                                GenerationConfig(max_new_tokens=32, guard=DoNoHarmConfig())).generate(PROMPT)
+    assert result.stats.guard_plain_rounds > 0 and result.stats.shadow_rounds == 0

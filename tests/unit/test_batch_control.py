@@ -162,3 +162,54 @@ def test_without_a_measured_neighbour_both_arms_warm_up():
     controller = DoNoHarm(DoNoHarmConfig(warmup=2))
     played = run(controller, {Arm.PLAIN: 100.0, Arm.SPECULATE: 50.0}, 4, batch=3)
     assert played == [Arm.SPECULATE, Arm.SPECULATE, Arm.PLAIN, Arm.PLAIN]
+
+
+def settle_on_plain(controller: DoNoHarm) -> None:
+    """Speculation measured at 50 tokens/s, plain at 100: the controller chooses plain."""
+    run(controller, {Arm.PLAIN: 100.0, Arm.SPECULATE: 50.0}, 40, batch=1)
+    assert controller.play(1)[0] is Arm.PLAIN
+
+
+def test_shadow_rounds_bring_speculation_back_without_an_exploration():
+    """While plain is played, shadow rounds (what a speculative round would have committed there)
+    move speculation's estimate: once they show it paying, the next round speculates.  Planted
+    contrast: the same controller told nothing stays on plain until its next exploration."""
+    told, untold = DoNoHarm(), DoNoHarm()
+    for controller in (told, untold):
+        settle_on_plain(controller)
+    untold_arms, told_arms = [], []
+    for _ in range(30):
+        for controller, arms in ((told, told_arms), (untold, untold_arms)):
+            arm, explored = controller.play(1)
+            arms.append((arm, explored))
+            if controller is told and arm is Arm.PLAIN:
+                assert controller.shadow(1, 300)  # speculation would commit 300 tokens in its mean round (1 s)
+            controller.observe(1, arm, 100 if arm is Arm.PLAIN else 300, 1.0, explored)
+    first = next(i for i, (arm, _) in enumerate(told_arms) if arm is Arm.SPECULATE)
+    assert first <= 2 and not told_arms[first][1]  # chosen, not explored
+    assert all(arm is Arm.SPECULATE for arm, _ in told_arms[first:first + 7])  # until plain is next explored
+    untold_first = next((i for i, (arm, _) in enumerate(untold_arms) if arm is Arm.SPECULATE), len(untold_arms))
+    assert untold_first > first + 2
+
+
+def test_while_shadows_say_speculation_loses_plain_is_never_interrupted_by_explorations():
+    controller = DoNoHarm(DoNoHarmConfig(explore_every=4, max_interval=8))
+    settle_on_plain(controller)
+    arms = []
+    for _ in range(100):
+        arm, explored = controller.play(1)
+        arms.append(arm)
+        controller.shadow(1, 40)
+        controller.observe(1, arm, 100 if arm is Arm.PLAIN else 50, 1.0, explored)
+    assert all(arm is Arm.PLAIN for arm in arms)
+
+
+def test_a_shadow_round_is_priced_at_speculations_mean_measured_round_and_ignored_before_one():
+    controller = DoNoHarm(DoNoHarmConfig(warmup=1, decay=0.5, stale=1.0))
+    assert not controller.shadow(1, 5)  # nothing to price it with
+    controller.observe(1, Arm.SPECULATE, 3, 2.0, False)
+    assert controller.mean_round(1, Arm.SPECULATE) == pytest.approx(2.0)
+    assert controller.shadow(1, 7)
+    # (0.5 * 3 + 7) / (0.5 * 2 + 2): the shadow counts as a round of 2 s
+    assert controller.estimates(1)[Arm.SPECULATE] == pytest.approx(8.5 / 3.0)
+    assert controller._states[1].rates[Arm.SPECULATE].rounds == 1  # evidence, not a played round

@@ -185,6 +185,9 @@ class HeadForward:
 
 class HeadsProposer:
     phase = "propose"
+    # propose reads the context and the target's committed state only: a proposal never verified
+    # leaves nothing to undo, so the guard may ask for one in a plain round (`draftwise.shadow`)
+    proposes_without_state = True
 
     def __init__(self, name: str, target: Backend, heads: HeadSet, config: HeadsConfig) -> None:
         if not supports_hidden(target):

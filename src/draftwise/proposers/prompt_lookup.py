@@ -50,6 +50,9 @@ def lookup_contract(config: PromptLookupConfig) -> ProposerContract:
 class PromptLookupProposer:
     name = "prompt-lookup"
     phase = "propose"
+    # propose reads the context and the target's committed state only: a proposal never verified
+    # leaves nothing to undo, so the guard may ask for one in a plain round (`draftwise.shadow`)
+    proposes_without_state = True
 
     def __init__(self, config: PromptLookupConfig = PromptLookupConfig()) -> None:
         self.config = config

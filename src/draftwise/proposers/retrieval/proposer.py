@@ -66,6 +66,9 @@ class RestProposer:
     name = SOURCE
     contract = CONTRACT
     phase = "retrieval"  # suffix search, trie and pruning: the ledger's retrieval time
+    # a lookup in a fixed datastore: a proposal never verified leaves nothing to undo, so the guard
+    # may ask for one in a plain round (`draftwise.shadow`); its latency stats count it
+    proposes_without_state = True
 
     def __init__(
         self,

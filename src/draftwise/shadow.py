@@ -1,0 +1,90 @@
+"""Shadow proposals: what a speculative round would have committed, read off plain rounds.
+
+While the do-no-harm guard (`draftwise.batch_control`) plays plain steps, it learns nothing about
+speculation except in exploration rounds, which cost real time where speculation loses and come
+rarely (every 8-128 rounds) where it sometimes pays.  A union of prompt lookup and draft heads is
+bursty (0 or 3+ tokens a round), so a guard judging it on a handful of rounds left it for plain
+steps it should not have taken (benchmarks/heterogeneous/: roleplay 1.11x guarded, 1.53x not).
+
+A proposer whose `propose` reads only the context and the target's committed state
+(`proposes_without_state`: prompt lookup, retrieval, draft heads) can be asked during a plain
+round at the cost of its proposal alone.  Under a verifier that is exact whatever candidates it is
+shown (greedy, target-sample membership), a candidate row is accepted exactly when its token is
+the one the target publishes at its position, and plain decoding publishes those very tokens
+(temperature 0) or draws from the same distribution (membership).  So once the next tokens are
+published, the proposal's accepted length is known without verifying it: `ShadowRounds.resolve`
+walks each proposal down the published tokens and returns what a speculative round there would
+have committed (accepted + the target's own token).
+
+A shadow proposal is never verified, committed or shown to a proposer's `observe`; it changes no
+output.  Its cost (propose + compile) is paid in the plain round, so `due` spaces shadows to keep
+that cost within a share of a plain round's time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from draftwise.topology.compile import CompiledRound
+
+
+@dataclass(frozen=True)
+class _Pending:
+    start: int  # published tokens before the round it was proposed in: its depth-1 rows face token `start`
+    round_: CompiledRound
+
+
+def accepted_along(round_: CompiledRound, published: Sequence[int]) -> int | None:
+    """How many of `round_`'s rows a greedy or membership verifier accepts where the target's
+    tokens are `published` (from depth 1 on); None while `published` is too short to tell."""
+    parent, accepted = -1, 0
+    while True:
+        children = round_.children_of(parent)
+        if not children:
+            return accepted  # a leaf: the whole path was accepted
+        if accepted >= len(published):
+            return None
+        match = next((row for row in children if int(round_.token_ids[row]) == published[accepted]), None)
+        if match is None:
+            return accepted
+        parent, accepted = match, accepted + 1
+
+
+@dataclass
+class ShadowRounds:
+    """Pending shadow proposals of one generation, and their spacing."""
+
+    budget: float  # the share of a plain round's time that shadow proposals may take
+    _pending: list[_Pending] = field(default_factory=list)
+    _wait: int = 0  # plain rounds still to skip before the next shadow
+
+    def due(self) -> bool:
+        """Whether this plain round should carry a shadow proposal (counts the round)."""
+        if self._wait > 0:
+            self._wait -= 1
+            return False
+        return True
+
+    def track(self, start: int, round_: CompiledRound, cost: float, plain_seconds: float) -> None:
+        """A shadow proposal made before the round that publishes token `start`; `cost` its
+        seconds, `plain_seconds` a plain round's: the next shadows wait so that they stay
+        within the budget."""
+        if round_.n:
+            self._pending.append(_Pending(start, round_))
+        if plain_seconds > 0 and cost > 0:
+            self._wait = max(0, math.ceil(cost / (self.budget * plain_seconds)) - 1)
+
+    def resolve(self, published: Sequence[int]) -> list[int]:
+        """The tokens each pending proposal's round would have committed (accepted rows + the
+        target's token), for those that `published` now decides; the rest stay pending."""
+        decided, still = [], []
+        for pending in self._pending:
+            accepted = accepted_along(pending.round_, published[pending.start:])
+            if accepted is None:
+                still.append(pending)
+            else:
+                decided.append(accepted + 1)
+        self._pending = still
+        return decided

@@ -1,0 +1,102 @@
+"""Shadow proposals (`draftwise.shadow`): the accepted length read off published tokens is the
+one the greedy and membership verifiers select, and shadows keep within their time budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from draftwise.sampling import SamplingPolicy
+from draftwise.shadow import ShadowRounds, accepted_along
+from draftwise.topology.compile import compile_round
+from draftwise.verify.base import NumpyLogits
+from draftwise.verify.greedy import GreedyVerifier
+from draftwise.verify.membership import MembershipVerifier
+from tests.helpers import result_from_paths
+
+V = 5
+
+
+def random_round(rng: np.random.Generator):
+    paths = [[int(t) for t in rng.integers(0, V, size=rng.integers(1, 5))] for _ in range(rng.integers(1, 5))]
+    return compile_round(10, [result_from_paths(paths)])
+
+
+def published_by(round_, logits: np.ndarray, rng: np.random.Generator) -> list[int]:
+    """The tokens a greedy target publishes from this point: its argmax at the frontier, then at
+    each row it reaches, and past the tree's end tokens from the rest of the text (random)."""
+    published, row = [], -1
+    while True:
+        token = int(np.argmax(logits[row + 1]))
+        published.append(token)
+        match = next((r for r in round_.children_of(row) if int(round_.token_ids[r]) == token), None)
+        if match is None:
+            return published + [int(t) for t in rng.integers(0, V, size=3)]
+        row = match
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_length_read_off_the_published_tokens_is_the_greedy_verifiers(seed):
+    rng = np.random.default_rng(seed)
+    round_ = random_round(rng)
+    # a target that mostly follows the tree (so deep accepts happen), sometimes not
+    logits = rng.normal(size=(1 + round_.n, V)).astype(np.float32)
+    for row in [-1, *range(round_.n)]:
+        children = round_.children_of(row)
+        if children and rng.random() < 0.7:
+            logits[row + 1, int(round_.token_ids[children[rng.integers(len(children))]])] += 10.0
+    selection = GreedyVerifier().select(round_, NumpyLogits(logits), SamplingPolicy(), np.random.default_rng(0))
+    published = published_by(round_, logits, rng)
+    assert accepted_along(round_, published) == len(selection.accepted_rows)
+    assert published[len(selection.accepted_rows)] == selection.bonus_token
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_membership_accepts_exactly_the_rows_the_sampled_tokens_walk(seed):
+    """At temperature 1 the membership verifier accepts a child iff it is the target's draw: the
+    tokens it publishes walk the tree exactly as far as it accepted."""
+    rng = np.random.default_rng(seed)
+    round_ = random_round(rng)
+    logits = rng.normal(size=(1 + round_.n, V)).astype(np.float32)
+    selection = MembershipVerifier().select(round_, NumpyLogits(logits), SamplingPolicy(temperature=1.0),
+                                            np.random.default_rng(seed))
+    published = [int(round_.token_ids[r]) for r in selection.accepted_rows] + [selection.bonus_token]
+    assert accepted_along(round_, published) == len(selection.accepted_rows)
+
+
+def test_a_length_waits_for_enough_tokens_and_a_leaf_needs_no_more():
+    round_ = compile_round(10, [result_from_paths([[1, 2, 3], [1, 4]])])
+    assert accepted_along(round_, []) is None
+    assert accepted_along(round_, [1]) is None  # 1 matched: is the next 2, 4 or neither?
+    assert accepted_along(round_, [1, 4]) == 2  # a leaf: nothing deeper to wait for
+    assert accepted_along(round_, [1, 2]) is None
+    assert accepted_along(round_, [1, 2, 0]) == 2
+    assert accepted_along(round_, [0]) == 0
+
+
+def test_pending_shadows_resolve_in_order_of_what_the_text_decides():
+    shadows = ShadowRounds(budget=1.0)
+    first = compile_round(10, [result_from_paths([[7, 8, 9]])])  # made before token 0 was published
+    second = compile_round(11, [result_from_paths([[8]])])  # made before token 1
+    shadows.track(0, first, 0.0, 1.0)
+    shadows.track(1, second, 0.0, 1.0)
+    assert shadows.resolve([7]) == []  # the first still matches, the second has not seen its token
+    assert shadows.resolve([7, 8]) == [2]  # the second's leaf matched: 1 accepted + the target's token
+    assert shadows.resolve([7, 8, 3]) == [3]  # the first wanted 9 at token 2: 2 accepted + 1
+    assert shadows.resolve([7, 8, 3, 1]) == []  # nothing left
+
+
+def test_shadows_are_spaced_to_keep_their_cost_within_the_budget():
+    shadows = ShadowRounds(budget=0.02)
+    round_ = compile_round(10, [result_from_paths([[1]])])
+    due = []
+    for _ in range(30):
+        is_due = shadows.due()
+        due.append(is_due)
+        if is_due:
+            shadows.track(0, round_, cost=0.0015, plain_seconds=0.035)  # heads-like: 4% of a step
+    assert sum(due) == 10  # every third round: 1.5 ms per 3 x 35 ms is within 2%
+    cheap = ShadowRounds(budget=0.02)
+    for _ in range(5):
+        assert cheap.due()
+        cheap.track(0, round_, cost=0.0001, plain_seconds=0.035)  # prompt lookup: every round
