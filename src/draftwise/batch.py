@@ -50,7 +50,7 @@ from draftwise.backends.base import Backend
 from draftwise.backends.batch import BatchBackend, SlotView, VerifyCall, slot_view
 from draftwise.batch_control import Arm, DoNoHarm
 from draftwise.cost_profile import BatchCostProfile
-from draftwise.engine import (ArmRequest, GenerationConfig, GenerationResult, SpeculativeDecoder, Verified,
+from draftwise.engine import (ArmRequest, GenerationConfig, GenerationResult, Shadowed, SpeculativeDecoder, Verified,
                               VerifyRequest)
 from draftwise.gate import rows_within_depths
 from draftwise.topology.compile import CompiledRound, cut_to_depth
@@ -60,7 +60,7 @@ from draftwise.proposers.base import DraftRequest, answer_alone
 
 # (the slot a request runs on, its generation config) -> its decoder
 DecoderFactory = Callable[[Backend, GenerationConfig], SpeculativeDecoder]
-Coroutine = Generator["VerifyRequest | DraftRequest | ArmRequest | list[int]", Any, GenerationResult]
+Coroutine = Generator["VerifyRequest | DraftRequest | ArmRequest | Shadowed | list[int]", Any, GenerationResult]
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,7 @@ class _Request:
     waiting: VerifyRequest | None = None  # the round's verify it is stopped at
     drafting: DraftRequest | None = None  # or the draft step
     arming: bool = False  # or the question whether to speculate this round (`engine.ArmRequest`)
+    shadowed: list[int] = field(default_factory=list)  # this round's decided shadow proposals (`engine.Shadowed`)
     fresh: bool = True  # its first round (which reads its prompt) is not verified yet
 
 
@@ -176,6 +177,8 @@ class BatchDecoder:
             if request.run is not None and not (request.waiting or request.drafting or request.arming):
                 self._advance(request, None, events)  # just admitted: run it to its first stop
         published = len(events)
+        for request in self._active.values():
+            request.shadowed.clear()
         start = time.perf_counter()  # the round's proposals and draft steps are part of its price
         # only steady rounds are priced: a prompt read in the forward is no decoding step.  The
         # arm is chosen before anyone proposes, so a plain round drafts nothing
@@ -200,6 +203,8 @@ class BatchDecoder:
                 self._advance(request, logits, events)
         if steady and self.harm is not None and not self.rounds[-1].retried:
             tokens = sum(len(e.tokens) for e in events[published:] if isinstance(e, Tokens))
+            shadowed = [c for r in self._active.values() for c in r.shadowed]
+            self.harm.shadow(batch, shadowed)
             self.harm.observe(batch, arm, tokens, time.perf_counter() - start, explored)
         return events
 
@@ -229,7 +234,9 @@ class BatchDecoder:
             try:
                 request.view = slot_view(self.target, self.target.open())
                 request.decoder = self.decoder_for(request.view, request.config)
-                request.run = request.decoder.coroutine(request.prompt, self._batch_size, ask_arm=self.harm is not None)
+                request.run = request.decoder.coroutine(
+                    request.prompt, self._batch_size, ask_arm=self.harm is not None,
+                    shadow_budget=None if self.harm is None else self.harm.config.shadow_budget)
             except Exception as exc:  # a refused configuration or prompt ends this request only
                 self._release(request)
                 events.append(Failed(request.id, exc))
@@ -290,6 +297,9 @@ class BatchDecoder:
                 if isinstance(step, ArmRequest):
                     request.arming = True
                     return
+                if isinstance(step, Shadowed):  # counted by the controller at the round's end
+                    request.shadowed.extend(step.committed)
+                    continue
                 events.append(Tokens(request.id, tuple(step)))
         except StopIteration as done:
             self._end(request)

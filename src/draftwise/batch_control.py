@@ -42,12 +42,25 @@ misses can make speculation look worse than it is for a while.  Replayed on real
 (`benchmarks/do_no_harm/`), the controller came within 0.93-1.00x of the better fixed arm where
 rows are cheap and beat both (1.05x) where they are not.  What it measures is what the run's
 rounds took: on a noisy machine a slow spell moves both arms' estimates.
+
+Shadow rounds (a request decoded alone, `draftwise.shadow`).  Where every proposer proposes from
+the context alone and the verifier accepts exactly the rows the target publishes, a plain round
+may carry a shadow proposal: once the next tokens are published, what a speculative round there
+would have committed is known, and `shadow` counts it as a speculative round priced at that arm's
+mean measured round.  Speculation's estimate then follows the text while plain steps are played,
+the choice returns to speculating at the first comparison that favours it, and no exploration
+of speculation is played while plain is chosen (they cost real rounds where speculation loses,
+and came too rarely to catch a bursty source's good stretches).  What shadows cost is their
+proposal alone, kept within `shadow_budget` of a plain round's time; in the bound above the
+exploration term then applies to plain explorations only, and the estimate error e of the
+speculative arm shrinks to the error of pricing a round at the arm's mean.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Sequence
 
 from draftwise.errors import InputError
 
@@ -100,14 +113,15 @@ class _Rate:
     last: int = 0  # the batch size's round count when this arm was last played
     weight: float = 0.0  # the rounds the sums hold, each weighted as they are
 
-    def add(self, tokens: int, seconds: float, config: DoNoHarmConfig, now: int, played: bool = True) -> None:
-        """One round's evidence at round `now`; `played=False`: a shadow round (not played,
-        priced at this arm's mean round), which counts as evidence but not as a played round."""
+    def add(self, tokens: float, seconds: float, config: DoNoHarmConfig, now: int, weight: float | None = None) -> None:
+        """One played round's evidence at round `now`, or (`weight` given) a shadow round's: not
+        played, counted as `weight` rounds' worth of evidence."""
         past = 0.0 if self.weight == 0 else config.decay * config.stale ** max(0, now - self.last - 1)
-        self.tokens = past * self.tokens + tokens
-        self.seconds = past * self.seconds + seconds
-        self.weight = past * self.weight + 1.0
-        self.rounds += played
+        share = 1.0 if weight is None else weight
+        self.tokens = past * self.tokens + share * tokens
+        self.seconds = past * self.seconds + share * seconds
+        self.weight = past * self.weight + share
+        self.rounds += weight is None
         self.last = now
 
     @property
@@ -172,17 +186,19 @@ class DoNoHarm:
             return state.choice.other, True
         return state.choice, False
 
-    def shadow(self, batch: int, tokens: int) -> bool:
-        """A shadow round (`draftwise.shadow`): a speculative round at this point would have
-        committed `tokens`.  It counts as a SPECULATE round priced at that arm's mean measured
-        round, so speculation's estimate follows the text while plain steps are played, and the
-        choice returns to it at the next comparison once it pays.  Ignored (False) before
-        SPECULATE has a measured round at `batch` to price it with."""
+    def shadow(self, batch: int, committed: Sequence[int]) -> bool:
+        """Shadow rounds (`draftwise.shadow`): speculative rounds of single requests at this point
+        would have committed `committed` tokens each.  Counted as a SPECULATE round of the batch
+        (each request committing their mean, `len(committed) / batch` rounds' worth of evidence)
+        priced at that arm's mean measured round, so speculation's estimate follows the text
+        while plain rounds are played and the choice returns to it at the next comparison once
+        it pays.  Ignored (False) before SPECULATE has a measured round at `batch` to price it."""
         state = self._state(batch)
         rate = state.rates[Arm.SPECULATE]
-        if rate.rounds == 0:
+        if rate.rounds == 0 or not committed:
             return False
-        rate.add(tokens, rate.mean_seconds, self.config, state.clock, played=False)
+        weight = len(committed) / batch
+        rate.add(batch * sum(committed) / len(committed), rate.mean_seconds, self.config, state.clock, weight=weight)
         state.shadows += 1
         return True
 
@@ -225,11 +241,6 @@ class DoNoHarm:
         state.turnover = 0.0
         state.interval = self.config.explore_every
         state.since_explore = max(state.since_explore, state.interval - 1)
-
-    def mean_round(self, batch: int, arm: Arm) -> float:
-        """The weighted mean seconds of `arm`'s rounds at `batch` (0.0 before any)."""
-        state = self._states.get(batch)
-        return 0.0 if state is None else state.rates[arm].mean_seconds
 
     def estimates(self, batch: int) -> dict[Arm, float]:
         """Committed tokens per second of each arm at `batch` (0.0 where not yet played)."""

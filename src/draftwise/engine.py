@@ -83,6 +83,14 @@ class ArmRequest:
 
 
 @dataclass(frozen=True)
+class Shadowed:
+    """What speculative rounds would have committed where a batch's plain rounds carried shadow
+    proposals of this request (`draftwise.shadow`), once the published tokens decided it."""
+
+    committed: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Verified:
     """A verify request answered with the round actually verified: the request's own round cut
     to a smaller depth (`topology.compile.cut_to_depth`), and that round's logits."""
@@ -231,7 +239,8 @@ class SpeculativeDecoder:
             run.close()  # a round cut short (an error, an abandoned stream) is rolled back by its `finally`
 
     def coroutine(self, prompt: Sequence[int], batch_size: Callable[[], int] | None = None, ask_arm: bool = False,
-                  ) -> Generator[VerifyRequest | DraftRequest | ArmRequest | list[int], Any, GenerationResult]:
+                  shadow_budget: float | None = None,
+                  ) -> Generator[VerifyRequest | DraftRequest | ArmRequest | Shadowed | list[int], Any, GenerationResult]:
         """The generation as a coroutine that stops wherever a round needs the target's forward:
         it yields a `VerifyRequest` and is sent that verify's logits (or `Verified`: the round cut
         further, with its logits), or yields the tokens a round
@@ -241,7 +250,9 @@ class SpeculativeDecoder:
         a batch (`batch_size` given), a stepped proposer's draft forwards stop it too: it yields
         the `DraftRequest` and is sent its answer (the batch answers every request's at once).
         `ask_arm` (a batch with a do-no-harm controller): every steady round that could propose
-        first yields an `ArmRequest` and is sent the `Arm` to play."""
+        first yields an `ArmRequest` and is sent the `Arm` to play; with `shadow_budget`, its plain
+        rounds may carry shadow proposals (`draftwise.shadow`), and what they would have committed
+        is yielded as `Shadowed` once the published tokens decide it (and is sent None)."""
         config = self.config
         if not prompt:
             raise InputError("the prompt has no tokens")
@@ -260,8 +271,9 @@ class SpeculativeDecoder:
         records: list[RoundRecord] = []
         gate = make_gate(config.gate, len(self.proposers))
         harm = DoNoHarm(config.guard) if config.guard is not None and self.proposers and batch_size is None else None
-        shadows = ShadowRounds(config.guard.shadow_budget) if harm is not None and config.guard is not None \
-            and self._shadowable() else None
+        budget = config.guard.shadow_budget if harm is not None and config.guard is not None else shadow_budget
+        shadows = ShadowRounds(budget) if budget is not None and (harm is not None or ask_arm) and self._shadowable() \
+            else None
         context = list(prompt)
         start = time.perf_counter()
         self.target.reset()
@@ -270,7 +282,7 @@ class SpeculativeDecoder:
                 if gate is not None and batch_size is not None:
                     gate.batch = batch_size()
                 record, emitted = yield from self._round(context, emitter, rng, gate, harm, batch_size is not None,
-                                                         ask_arm, shadows)
+                                                         ask_arm, shadows, batch_size)
                 records.append(record)
                 context.extend(emitted)
                 if emitted:
@@ -300,8 +312,8 @@ class SpeculativeDecoder:
 
     def _round(self, context: list[int], emitter: _Emitter, rng: np.random.Generator, gate: CostGate | SourceGate | None,
                harm: DoNoHarm | None = None, batched: bool = False, ask_arm: bool = False,
-               shadows: ShadowRounds | None = None,
-               ) -> Generator[VerifyRequest | DraftRequest | ArmRequest, Any, tuple[RoundRecord, list[int]]]:
+               shadows: ShadowRounds | None = None, batch_size: Callable[[], int] | None = None,
+               ) -> Generator[VerifyRequest | DraftRequest | ArmRequest | Shadowed, Any, tuple[RoundRecord, list[int]]]:
         """One round.  The first also reads the prompt (its `unread` rows) in the verify forward.
         `batched`: a stepped proposer's draft forwards are yielded, for the batch to answer with
         every request's (alone, `propose` answers them inline: the same steps, no detour).
@@ -339,17 +351,15 @@ class SpeculativeDecoder:
 
         shadowed = shadows is not None and arm is Arm.PLAIN and not reads_prompt and limits.max_depth > 0 \
             and shadows.due()
-        shadow_offered = None  # the gate learns from a shadow proposal as from an offered one
+        shadow_offered = shadow = None  # the gate learns from a shadow proposal as from an offered one
+        shadow_cost = 0.0
         if shadowed:
-            assert shadows is not None and harm is not None
-            start = clock
             proposals = [proposer.propose(context, self.manifest.hash, max_depth=limits.max_depth)
                          for proposer in self.proposers]
             shadow_offered = compile_round(len(context), proposals, limits)
-            candidate, _ = gate_round(gate, shadow_offered, reads_prompt=False)
-            lap, clock = _lap(clock)
-            seconds["propose"] = seconds.get("propose", 0.0) + lap
-            shadows.track(len(emitter.tokens), candidate, clock - start, harm.mean_round(1, Arm.PLAIN))
+            shadow, _ = gate_round(gate, shadow_offered, reads_prompt=False)
+            shadow_cost, clock = _lap(clock)
+            seconds["propose"] = seconds.get("propose", 0.0) + shadow_cost  # the ledger's propose time
 
         offered = compile_round(len(context), results, limits)
         proposed = any(r.nodes for r in results)
@@ -402,9 +412,16 @@ class SpeculativeDecoder:
             shadowed=shadowed,
             by_source=source_ledger(self.proposers, round_, selection.accepted_rows[:emitted_count]) if asked else (),
         )
+        if shadows is not None:
+            if shadow is not None:  # spaced by this round's share of its batch's time
+                share = (record.total_seconds - shadow_cost) / (batch_size() if batch_size is not None else 1)
+                shadows.track(len(emitter.tokens) - emitted_count, shadow, shadow_cost, share)
+            committed = shadows.resolve(emitter.tokens)
+            if committed and harm is not None:
+                harm.shadow(1, committed)
+            elif committed:
+                yield Shadowed(tuple(committed))  # the batch's controller counts them
         if harm is not None and not reads_prompt:
-            for tokens in shadows.resolve(emitter.tokens) if shadows is not None else ():
-                harm.shadow(1, tokens)
             harm.observe(1, arm, emitted_count, record.total_seconds, explored)
         return record, emitter.tokens[-emitted_count:] if emitted_count else []
 

@@ -319,3 +319,26 @@ def test_a_gated_union_in_a_batch_cuts_per_source_and_keeps_each_requests_own_ou
     results = batch_decoder(spec, TransformersBatch.from_backend(tiny, 3)).generate_many(PROMPTS)
     assert [r.tokens for r in results] == [a.tokens for a in alone]
     assert any(record.gated for r in results for record in r.records)
+
+
+def test_a_batchs_plain_rounds_carry_shadow_proposals_that_the_controller_counts(tiny):
+    """Prompt lookup proposes from the context alone: in a batch's plain rounds each request may
+    make a shadow proposal, never verified; once the published tokens decide it, what it would
+    have committed reaches the batch's controller as speculation's evidence.  Outputs stay each
+    request's alone; a draft model (state of its own) is never asked in a plain round."""
+    from draftwise.batch import BatchDecoder
+    from draftwise.batch_control import Arm, DoNoHarm
+
+    class Alternating(DoNoHarm):  # plain on every other steady round, speculation on the rest
+        def play(self, batch):
+            return (Arm.PLAIN if len(self.ledger) % 2 == 0 else Arm.SPECULATE), False
+
+    spec = make_spec(GREEDY, proposer="prompt-lookup")
+    alone = [build_decoder(spec, tiny).generate(p).tokens for p in PROMPTS]
+    healthy = batch_decoder(spec, TransformersBatch.from_backend(tiny, 3))
+    guarded = BatchDecoder(healthy.target, healthy.decoder_for, GREEDY, harm=Alternating())
+    results = guarded.generate_many(PROMPTS)
+    assert [r.tokens for r in results] == alone
+    shadowed = [rec for res in results for rec in res.records if rec.shadowed]
+    assert shadowed and all(rec.guard_plain and rec.nodes == 0 for rec in shadowed)
+    assert sum(state.shadows for state in guarded.harm._states.values()) > 0
