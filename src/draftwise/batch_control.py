@@ -186,21 +186,28 @@ class DoNoHarm:
             return state.choice.other, True
         return state.choice, False
 
-    def shadow(self, batch: int, committed: Sequence[int]) -> bool:
+    def shadow(self, batch: int, committed: Sequence[int], seconds: float | None = None) -> bool:
         """Shadow rounds (`draftwise.shadow`): speculative rounds of single requests at this point
         would have committed `committed` tokens each.  Counted as a SPECULATE round of the batch
-        (each request committing their mean, `len(committed) / batch` rounds' worth of evidence)
-        priced at that arm's mean measured round, so speculation's estimate follows the text
-        while plain rounds are played and the choice returns to it at the next comparison once
-        it pays.  Ignored (False) before SPECULATE has a measured round at `batch` to price it."""
+        (each request committing their mean, `len(committed) / batch` rounds' worth of
+        evidence), taking `seconds` (a request alone: its price from the verify profile), else
+        that arm's mean measured round.  So speculation's estimate follows the text while plain
+        rounds are played, and the choice returns to it at the next comparison once it pays.
+        Ignored (False) before SPECULATE has a measured round at `batch`."""
         state = self._state(batch)
         rate = state.rates[Arm.SPECULATE]
         if rate.rounds == 0 or not committed:
             return False
         weight = len(committed) / batch
-        rate.add(batch * sum(committed) / len(committed), rate.mean_seconds, self.config, state.clock, weight=weight)
+        price = rate.mean_seconds if seconds is None else seconds
+        rate.add(batch * sum(committed) / len(committed), price, self.config, state.clock, weight=weight)
         state.shadows += 1
         return True
+
+    def mean_seconds(self, batch: int, arm: Arm) -> float:
+        """The weighted mean seconds of `arm`'s rounds at `batch` (0.0 before any)."""
+        state = self._states.get(batch)
+        return 0.0 if state is None else state.rates[arm].mean_seconds
 
     def observe(self, batch: int, arm: Arm, tokens: int, seconds: float, explored: bool) -> None:
         state = self._state(batch)

@@ -31,7 +31,7 @@ from draftwise.logits import TargetLogits
 from draftwise.proposers.base import (DraftRequest, HoldsResources, Proposer, RoundFeedback, SteppedProposer,
                                       answer_alone)
 from draftwise.sampling import SamplingPolicy
-from draftwise.shadow import ShadowRounds
+from draftwise.shadow import ShadowOutcome, ShadowRounds
 from draftwise.stats import GenerationStats, RoundRecord, summarize
 from draftwise.text import check_utf8
 from draftwise.topology.compile import COMPILER_VERSION, CompiledRound, TreeLimits, compile_round, cut_to_depth
@@ -416,14 +416,32 @@ class SpeculativeDecoder:
             if shadow is not None:  # spaced by this round's share of its batch's time
                 share = (record.total_seconds - shadow_cost) / (batch_size() if batch_size is not None else 1)
                 shadows.track(len(emitter.tokens) - emitted_count, shadow, shadow_cost, share)
-            committed = shadows.resolve(emitter.tokens)
-            if committed and harm is not None:
-                harm.shadow(1, committed)
-            elif committed:
-                yield Shadowed(tuple(committed))  # the batch's controller counts them
+            outcomes = shadows.resolve(emitter.tokens)
+            if harm is not None:
+                for outcome in outcomes:
+                    harm.shadow(1, [outcome.committed], shadow_price(outcome, gate, harm))
+            elif any(o.rows for o in outcomes):  # the batch's controller counts them (at its measured speculative round)
+                yield Shadowed(tuple(o.committed for o in outcomes if o.rows))
         if harm is not None and not reads_prompt:
             harm.observe(1, arm, emitted_count, record.total_seconds, explored)
         return record, emitter.tokens[-emitted_count:] if emitted_count else []
+
+
+def shadow_price(outcome: ShadowOutcome, gate: CostGate | SourceGate | None, harm: DoNoHarm) -> float | None:
+    """Seconds the speculative round a shadow stands for would have taken (a request alone):
+    its proposal plus a plain round's verify scaled by the gate's measured t(1 + rows) / t(1);
+    without a gate, an empty proposal costs a plain round and a proposal the mean measured
+    speculative round (None).  Pricing each shadow by its own rows matters where rows are
+    dear (llama.cpp): a handful of long proposals must not make the empty ones look like
+    full-price speculative rounds, nor the reverse."""
+    plain = harm.mean_seconds(1, Arm.PLAIN)
+    if plain <= 0:
+        return None
+    if gate is not None:
+        profile = gate.profile
+        rows = min(1 + outcome.rows, profile.max_rows)  # the gate verifies no more than it measured
+        return outcome.cost + plain * profile.relative_at(rows) / profile.relative_at(1)
+    return outcome.cost + plain if outcome.rows == 0 else None
 
 
 def feedback_for(source: int, result: ProposalResult, verified: CompiledRound, accepted_rows: Sequence[int],

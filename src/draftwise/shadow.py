@@ -34,6 +34,18 @@ from draftwise.topology.compile import CompiledRound
 class _Pending:
     start: int  # published tokens before the round it was proposed in: its depth-1 rows face token `start`
     round_: CompiledRound
+    cost: float  # seconds its proposal took
+
+
+@dataclass(frozen=True)
+class ShadowOutcome:
+    """What the speculative round a shadow stands for would have done: committed tokens
+    (accepted rows + the target's own), the candidate rows it would have verified, and the
+    seconds its proposal took."""
+
+    committed: int
+    rows: int
+    cost: float
 
 
 def accepted_along(round_: CompiledRound, published: Sequence[int]) -> int | None:
@@ -68,23 +80,22 @@ class ShadowRounds:
         return True
 
     def track(self, start: int, round_: CompiledRound, cost: float, plain_seconds: float) -> None:
-        """A shadow proposal made before the round that publishes token `start`; `cost` its
-        seconds, `plain_seconds` a plain round's: the next shadows wait so that they stay
-        within the budget."""
-        if round_.n:
-            self._pending.append(_Pending(start, round_))
+        """A shadow proposal made before the round that publishes token `start` (an empty one
+        too: a speculative round there would have been a plain step that paid for proposing);
+        `cost` its seconds, `plain_seconds` a plain round's: the next shadows wait so that they
+        stay within the budget."""
+        self._pending.append(_Pending(start, round_, cost))
         if plain_seconds > 0 and cost > 0:
             self._wait = max(0, math.ceil(cost / (self.budget * plain_seconds)) - 1)
 
-    def resolve(self, published: Sequence[int]) -> list[int]:
-        """The tokens each pending proposal's round would have committed (accepted rows + the
-        target's token), for those that `published` now decides; the rest stay pending."""
+    def resolve(self, published: Sequence[int]) -> list[ShadowOutcome]:
+        """The outcome of each pending proposal that `published` now decides; the rest stay pending."""
         decided, still = [], []
         for pending in self._pending:
             accepted = accepted_along(pending.round_, published[pending.start:])
             if accepted is None:
                 still.append(pending)
             else:
-                decided.append(accepted + 1)
+                decided.append(ShadowOutcome(accepted + 1, pending.round_.n, pending.cost))
         self._pending = still
         return decided

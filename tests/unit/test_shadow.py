@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from draftwise.sampling import SamplingPolicy
-from draftwise.shadow import ShadowRounds, accepted_along
+from draftwise.shadow import ShadowOutcome, ShadowRounds, accepted_along
 from draftwise.topology.compile import compile_round
 from draftwise.verify.base import NumpyLogits
 from draftwise.verify.greedy import GreedyVerifier
@@ -78,11 +78,14 @@ def test_pending_shadows_resolve_in_order_of_what_the_text_decides():
     shadows = ShadowRounds(budget=1.0)
     first = compile_round(10, [result_from_paths([[7, 8, 9]])])  # made before token 0 was published
     second = compile_round(11, [result_from_paths([[8]])])  # made before token 1
-    shadows.track(0, first, 0.0, 1.0)
-    shadows.track(1, second, 0.0, 1.0)
-    assert shadows.resolve([7]) == []  # the first still matches, the second has not seen its token
-    assert shadows.resolve([7, 8]) == [2]  # the second's leaf matched: 1 accepted + the target's token
-    assert shadows.resolve([7, 8, 3]) == [3]  # the first wanted 9 at token 2: 2 accepted + 1
+    empty = compile_round(12, [result_from_paths([])])  # nothing proposed before token 2
+    shadows.track(0, first, 0.003, 1.0)
+    shadows.track(1, second, 0.001, 1.0)
+    shadows.track(2, empty, 0.002, 1.0)
+    # the first still matches, the second has not seen its token; an empty proposal commits 1 at once
+    assert shadows.resolve([7]) == [ShadowOutcome(1, 0, 0.002)]
+    assert shadows.resolve([7, 8]) == [ShadowOutcome(2, 1, 0.001)]  # the second's leaf matched: 1 + the target's
+    assert shadows.resolve([7, 8, 3]) == [ShadowOutcome(3, 3, 0.003)]  # wanted 9 at token 2: 2 accepted + 1
     assert shadows.resolve([7, 8, 3, 1]) == []  # nothing left
 
 
@@ -100,3 +103,26 @@ def test_shadows_are_spaced_to_keep_their_cost_within_the_budget():
     for _ in range(5):
         assert cheap.due()
         cheap.track(0, round_, cost=0.0001, plain_seconds=0.035)  # prompt lookup: every round
+
+
+def test_a_shadow_is_priced_by_its_own_rows_on_the_gates_profile():
+    """With a gate, a shadow round costs its proposal plus a plain round scaled by t(1 + rows):
+    an empty proposal a plain round, a long one what its rows cost where rows are dear.
+    Without a gate an empty proposal costs a plain round and a proposal the arm's mean (None)."""
+    from draftwise.batch_control import Arm, DoNoHarm, DoNoHarmConfig
+    from draftwise.cost_profile import VerifyCostProfile
+    from draftwise.engine import shadow_price
+    from draftwise.gate import CostGate, CostGateConfig
+    from draftwise.shadow import ShadowOutcome
+
+    harm = DoNoHarm(DoNoHarmConfig(warmup=1))
+    assert shadow_price(ShadowOutcome(1, 0, 0.0), None, harm) is None  # no plain round measured yet
+    harm.observe(1, Arm.PLAIN, 1, 0.010, False)
+    profile = VerifyCostProfile(rows=(1, 4, 11), relative=(1.0, 1.5, 2.5), absolute_s=None, model="m", backend="b",
+                                threads=1, machine="x")
+    gate = CostGate(CostGateConfig(profile))
+    assert shadow_price(ShadowOutcome(1, 0, 0.001), gate, harm) == pytest.approx(0.011)
+    assert shadow_price(ShadowOutcome(4, 10, 0.001), gate, harm) == pytest.approx(0.001 + 0.025)
+    assert shadow_price(ShadowOutcome(4, 30, 0.0), gate, harm) == pytest.approx(0.025)  # no more than measured
+    assert shadow_price(ShadowOutcome(1, 0, 0.001), None, harm) == pytest.approx(0.011)
+    assert shadow_price(ShadowOutcome(3, 5, 0.001), None, harm) is None
