@@ -46,8 +46,8 @@ rounds took: on a noisy machine a slow spell moves both arms' estimates.
 Shadow rounds (a request decoded alone, `draftwise.shadow`).  Where every proposer proposes from
 the context alone and the verifier accepts exactly the rows the target publishes, a plain round
 may carry a shadow proposal: once the next tokens are published, what a speculative round there
-would have committed is known, and `shadow` counts it as a speculative round priced at that arm's
-mean measured round.  Speculation's estimate then follows the text while plain steps are played,
+would have committed is known, and `shadow` counts it as a speculative round (priced by its own
+rows on the gate's measured t(n) for a request alone, else at that arm's mean measured round).  Speculation's estimate then follows the text while plain steps are played,
 the choice returns to speculating at the first comparison that favours it, and no exploration
 of speculation is played while plain is chosen (they cost real rounds where speculation loses,
 and came too rarely to catch a bursty source's good stretches).  What shadows cost is their
