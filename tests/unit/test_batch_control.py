@@ -212,3 +212,15 @@ def test_a_shadow_round_is_priced_at_speculations_mean_measured_round_and_ignore
     # (0.5 * 3 + 7) / (0.5 * 2 + 2): the shadow counts as a round of 2 s
     assert controller.estimates(1)[Arm.SPECULATE] == pytest.approx(8.5 / 3.0)
     assert controller._states[1].rates[Arm.SPECULATE].rounds == 1  # evidence, not a played round
+
+
+def test_a_batchs_shadows_count_as_their_share_of_a_batch_round():
+    """Two of four requests' shadows (3 and 1 tokens) stand for half a batch round committing
+    4 x 2 tokens, at the arm's mean measured batch round."""
+    controller = DoNoHarm(DoNoHarmConfig(warmup=1, decay=0.5, stale=1.0))
+    controller.observe(4, Arm.SPECULATE, 6, 2.0, False)
+    assert controller.shadow(4, [3, 1])
+    rate = controller._states[4].rates[Arm.SPECULATE]
+    assert rate.weight == pytest.approx(0.5 * 1 + 0.5)
+    assert rate.tokens == pytest.approx(0.5 * 6 + 0.5 * 8) and rate.seconds == pytest.approx(0.5 * 2 + 0.5 * 2)
+    assert not controller.shadow(4, [])
