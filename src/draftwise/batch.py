@@ -57,6 +57,7 @@ from draftwise.topology.compile import CompiledRound, cut_to_depth
 from draftwise.errors import InputError
 from draftwise.logits import TargetLogits
 from draftwise.proposers.base import DraftRequest, answer_alone
+from draftwise.shadow import ShadowOutcome
 
 # (the slot a request runs on, its generation config) -> its decoder
 DecoderFactory = Callable[[Backend, GenerationConfig], SpeculativeDecoder]
@@ -117,7 +118,7 @@ class _Request:
     waiting: VerifyRequest | None = None  # the round's verify it is stopped at
     drafting: DraftRequest | None = None  # or the draft step
     arming: bool = False  # or the question whether to speculate this round (`engine.ArmRequest`)
-    shadowed: list[int] = field(default_factory=list)  # this round's decided shadow proposals (`engine.Shadowed`)
+    shadowed: list[ShadowOutcome] = field(default_factory=list)  # this round's decided shadow proposals (`engine.Shadowed`)
     fresh: bool = True  # its first round (which reads its prompt) is not verified yet
 
 
@@ -184,7 +185,11 @@ class BatchDecoder:
         # arm is chosen before anyone proposes, so a plain round drafts nothing
         steady = self.harm is not None and not any(r.fresh for r in self._active.values())
         batch = len(self._active)
-        arm, explored = self.harm.play(batch) if steady and self.harm is not None and batch else (Arm.SPECULATE, False)
+        arm, explored = Arm.SPECULATE, False
+        if self.harm is not None and batch:
+            # a round where a request reads its prompt is not priced, but the others still play
+            # the chosen arm: in a closed loop every join made one such round speculate unguarded
+            arm, explored = self.harm.play(batch) if steady else (self.harm.chosen(batch), False)
         for request in [r for r in self._active.values() if r.arming]:
             request.arming = False
             self._advance(request, arm, events)
@@ -203,10 +208,27 @@ class BatchDecoder:
                 self._advance(request, logits, events)
         if steady and self.harm is not None and not self.rounds[-1].retried:
             tokens = sum(len(e.tokens) for e in events[published:] if isinstance(e, Tokens))
-            shadowed = [c for r in self._active.values() for c in r.shadowed]
-            self.harm.shadow(batch, shadowed)
+            self._count_shadows(batch, [o for r in self._active.values() for o in r.shadowed])
             self.harm.observe(batch, arm, tokens, time.perf_counter() - start, explored)
         return events
+
+    def _count_shadows(self, batch: int, outcomes: list[ShadowOutcome]) -> None:
+        """Tell the guard what the requests' decided shadow proposals would have committed.  With
+        a batch profile each is priced as a batch round in which every request verifies its rows:
+        a plain batched round times t_B(1 + rows) / t_B(1), plus every request's proposal; an
+        empty proposal is the plain round it would have been.  Without one, the proposals that
+        had rows are priced at the arm's mean measured round (an empty one has no price to go by)."""
+        assert self.harm is not None
+        plain = self.harm.mean_seconds(batch, Arm.PLAIN)
+        if self.profile is None or plain <= 0:
+            self.harm.shadow(batch, [o.committed for o in outcomes if o.rows])
+            return
+        if not outcomes:
+            return
+        profile = self.profile.at(batch)
+        prices = [batch * o.cost + plain * profile.relative_at(min(1 + o.rows, profile.max_rows)) / profile.relative_at(1)
+                  for o in outcomes]
+        self.harm.shadow(batch, [o.committed for o in outcomes], sum(prices) / len(prices))
 
     def events(self) -> Iterator[Event]:
         while not self.idle():
@@ -298,7 +320,7 @@ class BatchDecoder:
                     request.arming = True
                     return
                 if isinstance(step, Shadowed):  # counted by the controller at the round's end
-                    request.shadowed.extend(step.committed)
+                    request.shadowed.extend(step.outcomes)
                     continue
                 events.append(Tokens(request.id, tuple(step)))
         except StopIteration as done:

@@ -186,11 +186,15 @@ class DoNoHarm:
             return state.choice.other, True
         return state.choice, False
 
+    def chosen(self, batch: int) -> Arm:
+        """The arm chosen at `batch` (a round that is not counted: no warm-up, no exploration)."""
+        return self._state(batch).choice
+
     def shadow(self, batch: int, committed: Sequence[int], seconds: float | None = None) -> bool:
         """Shadow rounds (`draftwise.shadow`): speculative rounds of single requests at this point
         would have committed `committed` tokens each.  Counted as a SPECULATE round of the batch
         (each request committing their mean, `len(committed) / batch` rounds' worth of
-        evidence), taking `seconds` (a request alone: its price from the verify profile), else
+        evidence), taking `seconds` (its price from the verify profile, which the caller knows), else
         that arm's mean measured round.  So speculation's estimate follows the text while plain
         rounds are played, and the choice returns to it at the next comparison once it pays.
         Ignored (False) before SPECULATE has a measured round at `batch`."""

@@ -87,7 +87,7 @@ class Shadowed:
     """What speculative rounds would have committed where a batch's plain rounds carried shadow
     proposals of this request (`draftwise.shadow`), once the published tokens decided it."""
 
-    committed: tuple[int, ...]
+    outcomes: tuple[ShadowOutcome, ...]
 
 
 @dataclass(frozen=True)
@@ -420,8 +420,8 @@ class SpeculativeDecoder:
             if harm is not None:
                 for outcome in outcomes:
                     harm.shadow(1, [outcome.committed], shadow_price(outcome, gate, harm))
-            elif any(o.rows for o in outcomes):  # the batch's controller counts them (at its measured speculative round)
-                yield Shadowed(tuple(o.committed for o in outcomes if o.rows))
+            elif outcomes:  # the batch's controller prices and counts them
+                yield Shadowed(tuple(outcomes))
         if harm is not None and not reads_prompt:
             harm.observe(1, arm, emitted_count, record.total_seconds, explored)
         return record, emitter.tokens[-emitted_count:] if emitted_count else []

@@ -342,3 +342,37 @@ def test_a_batchs_plain_rounds_carry_shadow_proposals_that_the_controller_counts
     shadowed = [rec for res in results for rec in res.records if rec.shadowed]
     assert shadowed and all(rec.guard_plain and rec.nodes == 0 for rec in shadowed)
     assert sum(state.shadows for state in guarded.harm._states.values()) > 0
+
+
+def test_a_round_where_a_request_joins_plays_the_chosen_arm_for_the_others(tiny):
+    """A round in which a request reads its prompt is not priced, but the batch's other requests
+    still play the arm the guard chose: with plain chosen they verify their pending rows alone.
+    Planted fault this catches: such rounds speculating unguarded (one per join in a closed loop)."""
+    from draftwise.batch import BatchDecoder
+    from draftwise.batch_control import Arm, DoNoHarm
+
+    class Plain(DoNoHarm):  # the guard has settled on plain at every batch size
+        def play(self, batch):
+            return Arm.PLAIN, False
+
+        def chosen(self, batch):
+            return Arm.PLAIN
+
+    from dataclasses import replace
+
+    spec = make_spec(GREEDY, proposer="prompt-lookup", lookup=3)
+    configs = [replace(GREEDY, max_new_tokens=5 + 4 * (i % 3)) for i in range(len(PROMPTS))]  # staggered joins
+    alone = [build_decoder(make_spec(c, proposer="prompt-lookup", lookup=3), tiny).generate(p).tokens
+             for p, c in zip(PROMPTS, configs)]
+    healthy = batch_decoder(spec, TransformersBatch.from_backend(tiny, 2))
+    guarded = BatchDecoder(healthy.target, healthy.decoder_for, GREEDY, harm=Plain())
+    results = guarded.generate_many(PROMPTS, configs)
+    assert [r.tokens for r in results] == alone
+    by_request = {i: iter(res.records) for i, res in enumerate(results)}
+    joins = 0
+    for round_ in guarded.rounds:
+        records = [next(by_request[i]) for i in round_.requests]
+        if any(rec.reads_prompt for rec in records) and len(records) > 1:
+            joins += 1
+            assert all(rec.nodes == 0 for rec in records if not rec.reads_prompt), round_
+    assert joins >= 3
