@@ -57,7 +57,7 @@ from draftwise.topology.compile import CompiledRound, cut_to_depth
 from draftwise.errors import InputError
 from draftwise.logits import TargetLogits
 from draftwise.proposers.base import DraftRequest, answer_alone
-from draftwise.shadow import ShadowOutcome
+from draftwise.shadow import ShadowOutcome, round_price
 
 # (the slot a request runs on, its generation config) -> its decoder
 DecoderFactory = Callable[[Backend, GenerationConfig], SpeculativeDecoder]
@@ -225,9 +225,7 @@ class BatchDecoder:
             return
         if not outcomes:
             return
-        profile = self.profile.at(batch)
-        prices = [batch * o.cost + plain * profile.relative_at(min(1 + o.rows, profile.max_rows)) / profile.relative_at(1)
-                  for o in outcomes]
+        prices = [round_price(o, plain, self.profile.at(batch), requests=batch) for o in outcomes]
         self.harm.shadow(batch, [o.committed for o in outcomes], sum(prices) / len(prices))
 
     def events(self) -> Iterator[Event]:

@@ -31,7 +31,7 @@ from draftwise.logits import TargetLogits
 from draftwise.proposers.base import (DraftRequest, HoldsResources, Proposer, RoundFeedback, SteppedProposer,
                                       answer_alone)
 from draftwise.sampling import SamplingPolicy
-from draftwise.shadow import ShadowOutcome, ShadowRounds
+from draftwise.shadow import ShadowOutcome, ShadowRounds, round_price
 from draftwise.stats import GenerationStats, RoundRecord, summarize
 from draftwise.text import check_utf8
 from draftwise.topology.compile import COMPILER_VERSION, CompiledRound, TreeLimits, compile_round, cut_to_depth
@@ -438,9 +438,7 @@ def shadow_price(outcome: ShadowOutcome, gate: CostGate | SourceGate | None, har
     if plain <= 0:
         return None
     if gate is not None:
-        profile = gate.profile
-        rows = min(1 + outcome.rows, profile.max_rows)  # the gate verifies no more than it measured
-        return outcome.cost + plain * profile.relative_at(rows) / profile.relative_at(1)
+        return round_price(outcome, plain, gate.profile)
     return outcome.cost + plain if outcome.rows == 0 else None
 
 

@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from draftwise.cost_profile import VerifyCostProfile
 from draftwise.topology.compile import CompiledRound
 
 
@@ -62,6 +63,15 @@ def accepted_along(round_: CompiledRound, published: Sequence[int]) -> int | Non
         if match is None:
             return accepted
         parent, accepted = match, accepted + 1
+
+
+def round_price(outcome: ShadowOutcome, plain_seconds: float, profile: VerifyCostProfile, requests: int = 1) -> float:
+    """Seconds of the speculative round a shadow stands for, where a plain round takes
+    `plain_seconds`: every request's proposal plus the plain round scaled by the measured
+    t(1 + rows) / t(1) (`requests` > 1: a batch round where each request verifies that many rows;
+    no more rows than the profile measured, which is all a gate lets through)."""
+    rows = min(1 + outcome.rows, profile.max_rows)
+    return requests * outcome.cost + plain_seconds * profile.relative_at(rows) / profile.relative_at(1)
 
 
 @dataclass
