@@ -229,6 +229,8 @@ class SpeculativeDecoder:
                     reply = answer_alone(step)
                 elif isinstance(step, ArmRequest):  # not asked alone (no `ask_arm`): speculate
                     reply = Arm.SPECULATE
+                elif isinstance(step, Shadowed):  # not yielded alone: the request's own guard counts them
+                    reply = None
                 else:
                     reply = None
                     yield step
