@@ -333,11 +333,15 @@ class SpeculativeDecoder:
             arm = yield ArmRequest()  # the batch's controller decides for the whole round
             if not isinstance(arm, Arm):
                 raise ContractError(f"an arm request is answered with an Arm, got {arm!r}")
-        clock = time.perf_counter()
+        clock = started = time.perf_counter()
         asked = bool(self.proposers) and limits.max_depth > 0 and arm is Arm.SPECULATE
+        # a plain round may still ask, for a shadow proposal that is never verified (`draftwise.shadow`)
+        shadowed = shadows is not None and arm is Arm.PLAIN and not reads_prompt and limits.max_depth > 0 \
+            and shadows.due()
         results = []
-        for proposer in self.proposers if asked else ():
-            if batched and isinstance(proposer, SteppedProposer):  # its draft forwards go up to the batch
+        for proposer in self.proposers if asked or shadowed else ():
+            if batched and asked and isinstance(proposer, SteppedProposer):  # its draft forwards go up to the batch
+                # (a shadow proposal's are its own: a plain round hands the batch no draft step)
                 results.append((yield from proposer.drafting(context, self.manifest.hash, max_depth=limits.max_depth)))
             else:
                 results.append(proposer.propose(context, self.manifest.hash, max_depth=limits.max_depth))
@@ -351,22 +355,14 @@ class SpeculativeDecoder:
                     f"{proposer.contract}, which the verifier was bound to"
                 )
 
-        shadowed = shadows is not None and arm is Arm.PLAIN and not reads_prompt and limits.max_depth > 0 \
-            and shadows.due()
-        shadow_offered = shadow = None  # the gate learns from a shadow proposal as from an offered one
-        shadow_cost = 0.0
-        if shadowed:
-            proposals = [proposer.propose(context, self.manifest.hash, max_depth=limits.max_depth)
-                         for proposer in self.proposers]
-            shadow_offered = compile_round(len(context), proposals, limits)
-            shadow, _ = gate_round(gate, shadow_offered, reads_prompt=False)
-            shadow_cost, clock = _lap(clock)
-            seconds["propose"] = seconds.get("propose", 0.0) + shadow_cost  # the ledger's propose time
-
         offered = compile_round(len(context), results, limits)
-        proposed = any(r.nodes for r in results)
+        proposed = asked and any(r.nodes for r in results)
         round_, gated = gate_round(gate, offered, reads_prompt=reads_prompt)
         seconds["compile"], clock = _lap(clock)
+        shadow, shadow_cost = None, 0.0
+        if shadowed:  # the round the gate would verify is kept aside; the pending row alone is verified
+            shadow, shadow_cost = round_, clock - started
+            round_, gated = compile_round(len(context), [], limits), False
 
         expected = None if gate is None or not round_.n or reads_prompt else \
             tuple(gate.expected_accepted(d) for d in range(int(round_.depth.max()) + 1))
@@ -391,10 +387,10 @@ class SpeculativeDecoder:
         accepted_tokens = [int(round_.token_ids[r]) for r in selection.accepted_rows]
         decided = accepted_tokens + [selection.bonus_token]
         emitted_count = emitter.publish(decided, [True] * len(accepted_tokens) + [False])
-        for i, (proposer, result) in enumerate(zip(self.proposers, results)):
+        for i, (proposer, result) in enumerate(zip(self.proposers, results if asked else ())):
             proposer.observe(feedback_for(i, result, round_, selection.accepted_rows, decided[:emitted_count]))
-        if gate is not None:
-            gate.observe(offered if asked else shadow_offered, decided)
+        if gate is not None:  # it learns from a shadow proposal as from an offered one
+            gate.observe(offered if asked or shadowed else None, decided)
         record = RoundRecord(
             nodes=round_.n,
             proposal_depth=int(round_.depth.max()) if round_.n else 0,
@@ -409,7 +405,7 @@ class SpeculativeDecoder:
             slot_path=slot_path(round_, selection.accepted_rows),
             gated=gated,
             reads_prompt=reads_prompt,
-            detail={key: value for result in results for key, value in result.seconds.items()},
+            detail={key: value for result in (results if asked else ()) for key, value in result.seconds.items()},
             guard_plain=arm is Arm.PLAIN,
             shadowed=shadowed,
             by_source=source_ledger(self.proposers, round_, selection.accepted_rows[:emitted_count]) if asked else (),

@@ -45,7 +45,7 @@ import numpy as np
 from draftwise.errors import InputError
 from draftwise.cost_profile import BatchCostProfile, VerifyCostProfile
 from draftwise.topology.compile import CompiledRound, cut_to_depth, keep_rows
-from draftwise.verify.base import IncompatibleVerifier, VerifierCapabilities
+from draftwise.verify.base import IncompatibleVerifier, VerifierCapabilities, child_with_token
 
 
 @dataclass(frozen=True)
@@ -149,7 +149,9 @@ class CostGate:
             if not children:
                 return None  # the proposal ends here: nothing to learn about deeper candidates
             depth += 1
-            match = next((row for row in children if int(offered.token_ids[row]) == int(token)), None)
+            match = child_with_token(offered, parent, int(token))
+            if match is not None and own is not None and not own[match]:
+                match = None  # another source's row (a full-prefix merge leaves one child per token)
             (self.first if depth == 1 else self.further).add(match is not None)
             if match is None:
                 return None

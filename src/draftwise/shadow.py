@@ -29,6 +29,7 @@ from typing import Sequence
 
 from draftwise.cost_profile import VerifyCostProfile
 from draftwise.topology.compile import CompiledRound
+from draftwise.verify.base import child_with_token
 
 
 @dataclass(frozen=True)
@@ -49,20 +50,18 @@ class ShadowOutcome:
     cost: float
 
 
-def accepted_along(round_: CompiledRound, published: Sequence[int]) -> int | None:
+def accepted_along(round_: CompiledRound, published: Sequence[int], start: int = 0) -> int | None:
     """How many of `round_`'s rows a greedy or membership verifier accepts where the target's
-    tokens are `published` (from depth 1 on); None while `published` is too short to tell."""
+    tokens are `published[start:]` (from depth 1 on); None while they are too few to tell."""
     parent, accepted = -1, 0
-    while True:
-        children = round_.children_of(parent)
-        if not children:
-            return accepted  # a leaf: the whole path was accepted
-        if accepted >= len(published):
+    while round_.children_of(parent):
+        if start + accepted >= len(published):
             return None
-        match = next((row for row in children if int(round_.token_ids[row]) == published[accepted]), None)
+        match = child_with_token(round_, parent, published[start + accepted])
         if match is None:
             return accepted
         parent, accepted = match, accepted + 1
+    return accepted  # a leaf: the whole path was accepted
 
 
 def round_price(outcome: ShadowOutcome, plain_seconds: float, profile: VerifyCostProfile, requests: int = 1) -> float:
@@ -102,7 +101,7 @@ class ShadowRounds:
         """The outcome of each pending proposal that `published` now decides; the rest stay pending."""
         decided, still = [], []
         for pending in self._pending:
-            accepted = accepted_along(pending.round_, published[pending.start:])
+            accepted = accepted_along(pending.round_, published, pending.start)
             if accepted is None:
                 still.append(pending)
             else:
