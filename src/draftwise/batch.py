@@ -344,6 +344,7 @@ class BatchDecoder:
     def _verify(self, waiting: list[_Request], arm: Arm = Arm.SPECULATE,
                 ) -> list[tuple[_Request, TargetLogits | Verified | BaseException]]:
         cut = self._batch_depth(waiting) if arm is Arm.SPECULATE else self._plain(waiting)
+        cut.update(self._unproven_prompt_rounds(waiting))
         calls = []
         for r in waiting:
             assert r.waiting is not None and r.view is not None
@@ -364,6 +365,19 @@ class BatchDecoder:
         """Request id -> its round cut to depth 0 (its pending row alone), for every round with candidates."""
         return {r.id: cut_to_depth(r.waiting.round_, 0) for r in waiting
                 if r.waiting is not None and r.waiting.round_ is not None and r.waiting.round_.n and not r.waiting.unread}
+
+    def _unproven_prompt_rounds(self, waiting: list[_Request]) -> dict[int, CompiledRound]:
+        """Request id -> its prompt round cut to depth 0, for the requests reading their prompt
+        this round, unless the controller measured speculation to pay at this batch size.  A
+        prompt round's candidate rows are cheap for a request alone (one forward reads the prompt
+        anyway), but a batch reads several prompts in one forward that is compute-bound on a CPU:
+        each row costs about what a decoding row does, and is worth only its request's share of
+        a batch round (benchmarks/batch_throughput/: on llama.cpp at B = 8, ten lookup rows per
+        joining request made its two prompt forwards 5-10% slower, 3-4% of the run)."""
+        if self.harm is None or self.harm.proven(len(waiting)):
+            return {}
+        return {r.id: cut_to_depth(r.waiting.round_, 0) for r in waiting
+                if r.waiting is not None and r.waiting.unread and r.waiting.round_ is not None and r.waiting.round_.n}
 
     def _batch_depth(self, waiting: list[_Request]) -> dict[int, CompiledRound]:
         """Request id -> its round cut to the batch's depth, for the requests whose round it cuts."""

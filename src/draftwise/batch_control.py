@@ -190,6 +190,13 @@ class DoNoHarm:
         """The arm chosen at `batch` (a round that is not counted: no warm-up, no exploration)."""
         return self._state(batch).choice
 
+    def proven(self, batch: int) -> bool:
+        """Whether speculation is chosen at `batch` on measured rounds: both arms past their
+        warm-up there and SPECULATE the better.  A prior (an unseen batch size starts on
+        SPECULATE) is not a measurement: rows added to a forward on a prior are unpriced."""
+        state = self._states.get(batch)
+        return state is not None and not state.warming(self.config.warmup) and state.choice is Arm.SPECULATE
+
     def shadow(self, batch: int, committed: Sequence[int], seconds: float | None = None) -> bool:
         """Shadow rounds (`draftwise.shadow`): speculative rounds of single requests at this point
         would have committed `committed` tokens each.  Counted as a SPECULATE round of the batch

@@ -16,6 +16,7 @@ from draftwise.build import batch_decoder, build_decoder
 from draftwise.engine import GenerationConfig
 from draftwise.errors import BackendError, ContractError, InputError
 from draftwise.sampling import SamplingPolicy
+from draftwise.spec import Guard
 from tests.helpers import make_spec
 from tests.integration.tiny_models import V, chi_square_p, exact_joint, tiny_backend
 
@@ -168,7 +169,8 @@ def test_sampling_inside_a_batch_emits_the_targets_law(tiny):
     lookup drafting from round 1, emit the target's joint law of their first two tokens."""
     policy = SamplingPolicy(temperature=1.0)
     prompt = [1, 2, 1, 2, 1]  # lookup proposes "2 1" after "... 1"
-    spec = make_spec(GenerationConfig(max_new_tokens=2, policy=policy), proposer="prompt-lookup", lookup=2)
+    # unguarded: a guard adds no rows to a prompt read before it measured speculation to pay
+    spec = make_spec(GenerationConfig(max_new_tokens=2, policy=policy), proposer="prompt-lookup", lookup=2, guard="false")
     batch = batch_of(tiny, spec, 6)
     samples = 1200
     results = batch.generate_many([prompt] * samples,
@@ -336,6 +338,38 @@ def test_the_guard_cuts_to_plain_rounds_when_they_measure_faster_and_output_is_u
     assert sum(r.arm is Arm.PLAIN for r in at_three) > 0.6 * len(at_three)
     plain_rounds = [r for r in guarded.rounds if len(r.requests) == 3 and max(r.rows) == 1]
     assert plain_rounds  # the plain arm really verified one row per request
+
+
+def test_a_guard_adds_candidate_rows_to_a_prompt_read_only_where_speculation_measured_to_pay(tiny):
+    """A batch reads its joining requests' prompts in a shared forward where every row costs about a
+    decoding row's price, so a guarded batch verifies a prompt round's candidates only at a batch
+    size where its controller measured speculation to pay; an unguarded batch verifies them all.
+    Output is each request's own either way."""
+    spec = make_spec(GREEDY, proposer="prompt-lookup", lookup=3)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]  # lookup proposes "3 1 2" from round 1
+    prompts = [prompt] * 3
+    alone = solo(tiny, spec, prompt)
+
+    def prompt_rows(decoder):
+        first = decoder.rounds[0]
+        return [rows for rows in first.rows]
+
+    unguarded = batch_of(tiny, replace(spec, guard=Guard.OFF), 3)
+    assert [r.tokens for r in unguarded.generate_many(prompts)] == [alone] * 3
+    prompt_len = len(prompt)
+    assert all(rows > prompt_len for rows in prompt_rows(unguarded)), "the prompt must offer candidates"
+
+    guarded = batch_of(tiny, spec, 3)
+    assert [r.tokens for r in guarded.generate_many(prompts)] == [alone] * 3
+    assert prompt_rows(guarded) == [prompt_len] * 3  # unread + pending rows only: nothing measured yet
+
+    class Proven(DoNoHarm):  # speculation measured to pay at every batch size
+        def proven(self, batch):
+            return True
+
+    trusting = BatchDecoder(guarded.target, guarded.decoder_for, GREEDY, harm=Proven())
+    assert [r.tokens for r in trusting.generate_many(prompts)] == [alone] * 3
+    assert prompt_rows(trusting) == prompt_rows(unguarded)
 
 
 def test_a_round_answered_with_rows_that_are_not_a_cut_of_it_is_refused(tiny):

@@ -224,3 +224,17 @@ def test_a_batchs_shadows_count_as_their_share_of_a_batch_round():
     assert rate.weight == pytest.approx(0.5 * 1 + 0.5)
     assert rate.tokens == pytest.approx(0.5 * 6 + 0.5 * 8) and rate.seconds == pytest.approx(0.5 * 2 + 0.5 * 2)
     assert not controller.shadow(4, [])
+
+
+@pytest.mark.parametrize("winner", [Arm.PLAIN, Arm.SPECULATE])
+def test_speculation_is_proven_only_once_both_arms_were_measured_and_it_won(winner):
+    """A new batch size starts on SPECULATE (a prior, not a measurement); `proven` says yes only
+    after both arms' warm-up, and only where speculation measured faster."""
+    controller = DoNoHarm()
+    assert not controller.proven(4)
+    assert controller.chosen(4) is Arm.SPECULATE  # the prior
+    run(controller, {winner: 100.0, winner.other: 75.0}, 2 * controller.config.warmup - 1)
+    assert not controller.proven(4)  # one arm still warming up
+    run(controller, {winner: 100.0, winner.other: 75.0}, 20)
+    assert controller.proven(4) is (winner is Arm.SPECULATE)
+    assert not controller.proven(2)  # measured at 4 only
