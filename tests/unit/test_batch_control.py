@@ -238,3 +238,16 @@ def test_speculation_is_proven_only_once_both_arms_were_measured_and_it_won(winn
     run(controller, {winner: 100.0, winner.other: 75.0}, 20)
     assert controller.proven(4) is (winner is Arm.SPECULATE)
     assert not controller.proven(2)  # measured at 4 only
+
+
+def test_in_a_batch_speculation_must_win_by_the_margin_and_alone_it_need_not():
+    """A speculating arm 2% faster than plain is not chosen in a batch (margin 3%), but is for a
+    request alone (no side costs), and one 6% faster is chosen in a batch too."""
+    config = DoNoHarmConfig()
+    assert config.batch_margin == pytest.approx(0.03)
+    for batch, gain, winner in ((4, 1.02, Arm.PLAIN), (1, 1.02, Arm.SPECULATE), (4, 1.06, Arm.SPECULATE)):
+        controller = DoNoHarm(config)
+        run(controller, {Arm.SPECULATE: 100.0 * gain, Arm.PLAIN: 100.0}, 50, batch=batch)
+        assert controller.chosen(batch) is winner, (batch, gain)
+    with pytest.raises(InputError, match="batch_margin"):
+        DoNoHarmConfig(batch_margin=1.5)
