@@ -30,7 +30,7 @@ from draftwise.gate import CostGate, CostGateConfig, SourceGate, check_gateable,
 from draftwise.logits import TargetLogits
 from draftwise.proposers.base import (DraftRequest, HoldsResources, Proposer, RoundFeedback, SteppedProposer,
                                       answer_alone)
-from draftwise.sampling import SamplingPolicy
+from draftwise.sampling import PositionDraws, SamplingPolicy
 from draftwise.shadow import ShadowOutcome, ShadowRounds, round_price
 from draftwise.stats import GenerationStats, RoundRecord, summarize
 from draftwise.text import check_utf8
@@ -260,6 +260,7 @@ class SpeculativeDecoder:
             raise InputError("the prompt has no tokens")
         check_fits(self.target.info, len(prompt), config.max_new_tokens)
         rng = np.random.default_rng(config.seed)
+        draws = PositionDraws.for_seed(config.seed, rng)  # the target's own samples, one per position
         # a branching proposal needs per-branch resources (llama.cpp: a sequence per leaf), sized
         # here, between generations, by the backend itself
         branching = any(p.contract.topology is not TopologyKind.SEQUENCE for p in self.proposers)
@@ -283,7 +284,7 @@ class SpeculativeDecoder:
             while emitter.stop_reason is None:
                 if gate is not None and batch_size is not None:
                     gate.batch = batch_size()
-                record, emitted = yield from self._round(context, emitter, rng, gate, harm, batch_size is not None,
+                record, emitted = yield from self._round(context, emitter, rng, draws, gate, harm, batch_size is not None,
                                                          ask_arm, shadows, batch_size)
                 records.append(record)
                 context.extend(emitted)
@@ -312,7 +313,8 @@ class SpeculativeDecoder:
         return self.verifier.capabilities.any_candidates and all(
             getattr(proposer, "proposes_without_state", False) for proposer in self.proposers)
 
-    def _round(self, context: list[int], emitter: _Emitter, rng: np.random.Generator, gate: CostGate | SourceGate | None,
+    def _round(self, context: list[int], emitter: _Emitter, rng: np.random.Generator, draws: PositionDraws,
+               gate: CostGate | SourceGate | None,
                harm: DoNoHarm | None = None, batched: bool = False, ask_arm: bool = False,
                shadows: ShadowRounds | None = None, batch_size: Callable[[], int] | None = None,
                ) -> Generator[VerifyRequest | DraftRequest | ArmRequest | Shadowed, Any, tuple[RoundRecord, list[int]]]:
@@ -378,7 +380,7 @@ class SpeculativeDecoder:
         kv_bytes = self.target.kv_bytes()
         seconds["prefill" if reads_prompt else "verify"], clock = _lap(clock)
 
-        selection = self.verifier.select(round_, logits, self.config.policy, rng)
+        selection = self.verifier.select(round_, logits, self.config.policy, rng, draws=draws)
         seconds["select"], clock = _lap(clock)
 
         self.target.commit(selection.accepted_rows)

@@ -74,6 +74,40 @@ def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     """Draw one token id from a normalized distribution [V] with an explicit generator."""
+    return sample_with(probs, rng.random())
+
+
+def sample_with(probs: np.ndarray, u: float) -> int:
+    """The token id a uniform draw `u` in [0, 1) picks from a normalized distribution [V] (inverse CDF)."""
     cumulative = np.cumsum(probs)
-    u = rng.random() * cumulative[-1]
-    return int(min(np.searchsorted(cumulative, u, side="right"), len(probs) - 1))
+    return int(min(np.searchsorted(cumulative, u * cumulative[-1], side="right"), len(probs) - 1))
+
+
+@dataclass(frozen=True)
+class PositionDraws:
+    """One uniform draw per sequence position, a pure function of (key, position) (Philox, a
+    counter-based generator: the draw at position p is the same whoever asked for which other
+    positions, in whatever order).  The target's own samples are drawn with it: plain decoding
+    samples the token at position p with draw p, and target-sample membership samples the same
+    token at p with the same draw whatever was proposed, so at a given seed a membership-verified
+    speculative decoder publishes plain decoding's text (up to the backend's rounding of the
+    rows), whatever its proposer, gate, guard or batch-mates consumed of the request's
+    sequential generator.  The draws of distinct positions are independent uniforms, so each
+    token is still an exact sample of the target's conditional."""
+
+    key: int  # 0 <= key < 2**64
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.key < 2**64:
+            raise InputError(f"a draw key is a 64-bit unsigned integer, got {self.key}")
+
+    @classmethod
+    def for_seed(cls, seed: int | None, rng: np.random.Generator) -> "PositionDraws":
+        """The draws of a generation: keyed by its seed, or by a draw of its generator (no seed)."""
+        return cls(int(seed) % 2**64 if seed is not None else int(rng.integers(0, 2**63)))
+
+    def uniform(self, position: int) -> float:
+        """The draw in [0, 1) for the token at sequence `position` (>= 0)."""
+        if position < 0:
+            raise InputError(f"a sequence position is >= 0, got {position}")
+        return float(np.random.Generator(np.random.Philox(key=[self.key, position])).random())

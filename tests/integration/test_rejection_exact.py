@@ -17,7 +17,7 @@ POLICY = SamplingPolicy(temperature=1.0)
 class ResidualIsQ(RejectionVerifier):
     """Planted bug: after a rejection, sample the proposal q instead of (p - q)+."""
 
-    def select(self, round_, target, policy, rng):
+    def select(self, round_, target, policy, rng, draws=None):
         accepted, row = [], -1
         while True:
             p = target.probs(row + 1, policy)

@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from draftwise.sampling import PolicyError, SamplingPolicy, sample
+from draftwise.errors import InputError
+from draftwise.sampling import PolicyError, PositionDraws, SamplingPolicy, sample, sample_with
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -36,3 +37,33 @@ def test_sample_matches_distribution():
     draws = np.bincount([sample(p, rng) for _ in range(20000)], minlength=4) / 20000
     assert draws[1] == 0.0
     assert np.allclose(draws, p, atol=0.015)
+
+
+def test_sample_with_inverts_the_cdf_at_its_boundaries():
+    p = np.array([0.25, 0.0, 0.5, 0.25])
+    assert [sample_with(p, u) for u in (0.0, 0.2499, 0.25, 0.7499, 0.75, 0.9999)] == [0, 0, 2, 2, 3, 3]
+
+
+def test_position_draws_are_a_pure_function_of_key_and_position():
+    draws = PositionDraws(7)
+    forward = [draws.uniform(p) for p in range(50)]
+    backward = [PositionDraws(7).uniform(p) for p in reversed(range(50))][::-1]
+    assert forward == backward  # whatever was asked before, in whatever order
+    assert forward != [PositionDraws(8).uniform(p) for p in range(50)]
+    assert len(set(forward)) == 50 and all(0.0 <= u < 1.0 for u in forward)
+    assert PositionDraws.for_seed(7, np.random.default_rng(0)) == draws
+    with pytest.raises(InputError, match="position"):
+        draws.uniform(-1)
+    with pytest.raises(InputError, match="64-bit"):
+        PositionDraws(-1)
+
+
+def test_position_draws_are_uniform_and_independent_across_positions():
+    """Kolmogorov-Smirnov on 4000 draws of one key, and the correlation of neighbouring positions."""
+    from scipy import stats
+
+    u = np.array([PositionDraws(3).uniform(p) for p in range(4000)])
+    assert stats.kstest(u, "uniform").pvalue > 1e-3
+    assert abs(np.corrcoef(u[:-1], u[1:])[0, 1]) < 0.06
+    across_keys = np.array([PositionDraws(k).uniform(10) for k in range(4000)])
+    assert stats.kstest(across_keys, "uniform").pvalue > 1e-3

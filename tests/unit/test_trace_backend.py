@@ -76,7 +76,7 @@ class AcceptsTheFirstChild:
                                         relations=GreedyVerifier.capabilities.relations,
                                         topologies=GreedyVerifier.capabilities.topologies, exact=True)
 
-    def select(self, round_, target, policy, rng):
+    def select(self, round_, target, policy, rng, draws=None):
         rows, row = [], -1
         while round_.children_of(row):
             row = round_.children_of(row)[0]

@@ -14,7 +14,7 @@ import numpy as np
 from draftwise.contracts import ProbabilitySemantics, ProposerContract, SamplingRelation, TopologyKind
 from draftwise.errors import ContractError
 from draftwise.logits import NumpyLogits, TargetLogits, cached  # noqa: F401  (re-exported: the verifiers' inputs)
-from draftwise.sampling import SamplingPolicy
+from draftwise.sampling import PositionDraws, SamplingPolicy
 from draftwise.topology.compile import CompiledRound
 
 ALL_SEMANTICS = frozenset(ProbabilitySemantics)
@@ -51,7 +51,8 @@ class Verifier(Protocol):
     capabilities: VerifierCapabilities
 
     def select(
-        self, round_: CompiledRound, target: TargetLogits, policy: SamplingPolicy, rng: np.random.Generator
+        self, round_: CompiledRound, target: TargetLogits, policy: SamplingPolicy, rng: np.random.Generator,
+        draws: PositionDraws | None = None,
     ) -> Selection: ...
 
 

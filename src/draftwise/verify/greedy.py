@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from draftwise.sampling import SamplingPolicy
+from draftwise.sampling import PositionDraws, SamplingPolicy
 from draftwise.topology.compile import CompiledRound
 from draftwise.logits import TargetLogits
 from draftwise.verify.base import ALL_RELATIONS, ALL_SEMANTICS, ALL_TOPOLOGIES, Selection, VerifierCapabilities, child_with_token
@@ -17,7 +17,8 @@ class GreedyVerifier:
     )
 
     def select(
-        self, round_: CompiledRound, target: TargetLogits, policy: SamplingPolicy, rng: np.random.Generator
+        self, round_: CompiledRound, target: TargetLogits, policy: SamplingPolicy, rng: np.random.Generator,
+        draws: PositionDraws | None = None,
     ) -> Selection:
         best = target.argmax()  # [1 + N]
         accepted: list[int] = []

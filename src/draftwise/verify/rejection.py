@@ -20,7 +20,7 @@ import numpy as np
 
 from draftwise.contracts import ProbabilitySemantics, SamplingRelation, TopologyKind
 from draftwise.errors import ContractError
-from draftwise.sampling import SamplingPolicy, sample
+from draftwise.sampling import PositionDraws, SamplingPolicy, sample
 from draftwise.topology.compile import CompiledRound
 from draftwise.logits import TargetLogits
 from draftwise.verify.base import Selection, VerifierCapabilities
@@ -51,7 +51,8 @@ class RejectionVerifier:
     )
 
     def select(
-        self, round_: CompiledRound, target: TargetLogits, policy: SamplingPolicy, rng: np.random.Generator
+        self, round_: CompiledRound, target: TargetLogits, policy: SamplingPolicy, rng: np.random.Generator,
+        draws: PositionDraws | None = None,
     ) -> Selection:
         rows = chain_rows(round_)  # [n] candidate rows, root first
         path = [-1, *rows]  # path[i]: the row draft i was drawn after (-1 = frontier)

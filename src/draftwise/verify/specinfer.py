@@ -28,7 +28,7 @@ import numpy as np
 
 from draftwise.contracts import ProbabilitySemantics, SamplingRelation, TopologyKind
 from draftwise.errors import ContractError
-from draftwise.sampling import SamplingPolicy, sample
+from draftwise.sampling import PositionDraws, SamplingPolicy, sample
 from draftwise.topology.compile import CompiledRound
 from draftwise.logits import TargetLogits
 from draftwise.verify.base import Selection, VerifierCapabilities
@@ -125,7 +125,8 @@ class ResidualTreeVerifier(abc.ABC):
         return draw_rows(round_, row)
 
     def select(
-        self, round_: CompiledRound, target: TargetLogits, policy: SamplingPolicy, rng: np.random.Generator
+        self, round_: CompiledRound, target: TargetLogits, policy: SamplingPolicy, rng: np.random.Generator,
+        draws: PositionDraws | None = None,
     ) -> Selection:
         return self.select_with(round_, target, policy, rng_pick(rng))
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from draftwise.contracts import TopologyKind
-from draftwise.sampling import SamplingPolicy, sample
+from draftwise.sampling import PositionDraws, SamplingPolicy, sample
 from draftwise.topology.compile import CompiledRound
 from draftwise.logits import TargetLogits
 from draftwise.verify.base import ALL_RELATIONS, ALL_SEMANTICS, Selection, VerifierCapabilities
@@ -44,7 +44,8 @@ class TypicalVerifier:
     )
 
     def select(
-        self, round_: CompiledRound, target: TargetLogits, policy: SamplingPolicy, rng: np.random.Generator
+        self, round_: CompiledRound, target: TargetLogits, policy: SamplingPolicy, rng: np.random.Generator,
+        draws: PositionDraws | None = None,
     ) -> Selection:
         # rows come parent-before-child, so one forward pass knows whether each parent passed
         passed = np.zeros(round_.n, dtype=bool)  # [N]: row and all its ancestors accepted
