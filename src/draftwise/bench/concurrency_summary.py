@@ -17,8 +17,7 @@ def first_turn_tokens(answers: dict[str, Answer]) -> Tokens:
 
 def concurrency_summary(cells: Sequence[Cell], methods: Sequence[str], levels: Sequence[int],
                         single: dict[str, Tokens] | None, references: dict[str, str | None]) -> dict:
-    """`single`: each method's single-request first-turn tokens (None at temperature > 0: not
-    compared); `references`: each method's plain reference (its family's), whose rows at the
+    """`single`: each method's single-request first-turn tokens (None: not compared); `references`: each method's plain reference (its family's), whose rows at the
     same B give the `vs_reference` throughput ratio and whose single answers the plain check."""
     table: dict[str, dict[str, dict]] = {}
     for name in methods:

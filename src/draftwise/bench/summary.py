@@ -33,12 +33,15 @@ def build_summary(root: Path) -> dict:
     order = [q.question_id for q in plan.workload.questions]
     answers = {m.name: _in_order(store.load(m.name), order) for m in plan.methods}
     by_id = {name: {a.question_id: a for a in rows} for name, rows in answers.items()}
-    greedy = settings.temperature == 0.0
     # each family's reference among the methods that answered: a plain method that was skipped
     # or failed everywhere hands the role to the family's other plain method
     answered = [m for m in plan.methods if any(not a.error for a in answers[m.name])]
     refs = references(answered)
     checkpoints = session.get("checkpoints", {})
+    # texts are compared at every temperature: at temperature 0 a difference disqualifies the
+    # speedup; when sampling, target-sample membership publishes plain decoding's text at the same
+    # seed (`sampling.PositionDraws`) and residual verifiers other texts of the same law, so the
+    # count says which cells compare the same answers
     methods = {}
     for method in plan.methods:
         ref_name = refs.get(method.name)
@@ -48,8 +51,8 @@ def build_summary(root: Path) -> dict:
         if method.kind == "dw" and method.decoder.proposer == "rest":
             rows = [_retrieval_split(a) for a in rows]
         row_bytes = checkpoints.get(method.name, {}).get("kv_row_bytes")
-        overall = method_metrics(rows, reference, greedy, is_ref, row_bytes).as_dict()
-        categories = {c: method_metrics([a for a in rows if a.category == c], reference, greedy, is_ref, row_bytes).as_dict()
+        overall = method_metrics(rows, reference, True, is_ref, row_bytes).as_dict()
+        categories = {c: method_metrics([a for a in rows if a.category == c], reference, True, is_ref, row_bytes).as_dict()
                       for c in plan.workload.categories}
         methods[method.name] = {
             "config": method.describe(),
@@ -67,7 +70,7 @@ def build_summary(root: Path) -> dict:
         }
     concurrency = None
     if settings.concurrency:
-        single = {name: first_turn_tokens(by_id[name]) for name in by_id} if greedy else None
+        single = {name: first_turn_tokens(by_id[name]) for name in by_id}
         concurrency = concurrency_summary(CellStore(root).load(), [m.name for m in plan.methods],
                                           settings.concurrency, single, refs)
     return {
