@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 from draftwise.backends.transformers_batch import TransformersBatch
 from draftwise.build import batch_decoder, build_decoder
 from draftwise.engine import GenerationConfig, SpeculativeDecoder
-from draftwise.sampling import PositionDraws, SamplingPolicy
+from draftwise.sampling import SamplingPolicy
 from draftwise.verify.membership import MembershipVerifier
 from tests.helpers import make_spec
 from tests.integration.tiny_models import tiny_backend
@@ -24,13 +23,9 @@ SEEDS = range(6)
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    return tiny_backend(3)
-
-
-@pytest.fixture(scope="module")
-def draft():
-    return tiny_backend(5)
+def pair():
+    """A tiny target and a tiny draft model of its vocabulary."""
+    return tiny_backend(3), tiny_backend(5)
 
 
 def config(seed: int, tokens: int = 24) -> GenerationConfig:
@@ -47,10 +42,11 @@ def plain(tiny, prompt, seed):
                                      dict(proposer="draft-model", draft="tiny", k=3, guard="false"),
                                      dict(proposer="draft-model", draft="tiny", tree="wbd:2,1", guard="false")],
                          ids=["lookup-chain", "lookup-tree", "lookup-guarded", "draft-chain", "draft-tree"])
-def test_a_seeded_membership_decode_is_plain_decodings_text(tiny, draft, options):
+def test_a_seeded_membership_decode_is_plain_decodings_text(pair, options):
     """A draft model samples its drafts from the request's generator at temperature 1, so the
     draft families would move a sequential stream's draws; the prompt lookup ones check the
     position arithmetic on chains and trees."""
+    tiny, draft = pair
     accepted = 0
     for prompt in PROMPTS:
         for seed in SEEDS:
@@ -61,7 +57,8 @@ def test_a_seeded_membership_decode_is_plain_decodings_text(tiny, draft, options
     assert accepted > 0  # drafts were accepted: the equality is not plain decoding's by default
 
 
-def test_in_a_batch_too_whoever_the_batch_mates(tiny, draft):
+def test_in_a_batch_too_whoever_the_batch_mates(pair):
+    tiny, draft = pair
     spec = make_spec(config(0), proposer="draft-model", draft="tiny", k=3, verifier="membership", guard="false")
     batch = batch_decoder(spec, TransformersBatch.from_backend(tiny, 3), draft)
     jobs = [(prompt, seed) for prompt in PROMPTS for seed in (11, 12)]
@@ -69,9 +66,10 @@ def test_in_a_batch_too_whoever_the_batch_mates(tiny, draft):
     assert [r.tokens for r in results] == [plain(tiny, p, s) for p, s in jobs]
 
 
-def test_without_position_draws_the_texts_part(tiny, draft):
+def test_without_position_draws_the_texts_part(pair):
     """The planted contrast: the same membership verifier drawing from the request's sequential
     generator, which the draft model's sampling advances, publishes other texts."""
+    tiny, draft = pair
 
     class Sequential(MembershipVerifier):
         def select(self, round_, target, policy, rng, draws=None):
@@ -85,10 +83,3 @@ def test_without_position_draws_the_texts_part(tiny, draft):
         alone = SpeculativeDecoder(tiny, [], Sequential(), drafting.config)
         differ += sequential.generate(PROMPTS[0]).tokens != alone.generate(PROMPTS[0]).tokens
     assert differ > 0
-
-
-def test_an_unseeded_request_draws_a_key_of_its_own():
-    rng = np.random.default_rng()
-    keys = {PositionDraws.for_seed(None, rng).key for _ in range(20)}
-    assert len(keys) == 20
-    assert replace(PositionDraws(5)).key == 5

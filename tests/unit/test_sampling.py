@@ -67,3 +67,8 @@ def test_position_draws_are_uniform_and_independent_across_positions():
     assert abs(np.corrcoef(u[:-1], u[1:])[0, 1]) < 0.06
     across_keys = np.array([PositionDraws(k).uniform(10) for k in range(4000)])
     assert stats.kstest(across_keys, "uniform").pvalue > 1e-3
+
+
+def test_an_unseeded_request_draws_a_key_of_its_own():
+    rng = np.random.default_rng()
+    assert len({PositionDraws.for_seed(None, rng).key for _ in range(20)}) == 20
