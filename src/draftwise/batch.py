@@ -361,10 +361,12 @@ class BatchDecoder:
         return [(r, Verified(cut[r.id], out) if r.id in cut else out) for r, out in zip(waiting, logits)]
 
     @staticmethod
-    def _plain(waiting: list[_Request]) -> dict[int, CompiledRound]:
-        """Request id -> its round cut to depth 0 (its pending row alone), for every round with candidates."""
+    def _plain(waiting: list[_Request], prompt_reads: bool = False) -> dict[int, CompiledRound]:
+        """Request id -> its round cut to depth 0 (its pending row alone), for every steady round
+        with candidates (`prompt_reads`: every round that reads its prompt)."""
         return {r.id: cut_to_depth(r.waiting.round_, 0) for r in waiting
-                if r.waiting is not None and r.waiting.round_ is not None and r.waiting.round_.n and not r.waiting.unread}
+                if r.waiting is not None and r.waiting.round_ is not None and r.waiting.round_.n
+                and bool(r.waiting.unread) is prompt_reads}
 
     def _unproven_prompt_rounds(self, waiting: list[_Request]) -> dict[int, CompiledRound]:
         """Request id -> its prompt round cut to depth 0, for the requests reading their prompt
@@ -376,8 +378,7 @@ class BatchDecoder:
         joining request made its two prompt forwards 5-10% slower, 3-4% of the run)."""
         if self.harm is None or self.harm.proven(len(waiting)):
             return {}
-        return {r.id: cut_to_depth(r.waiting.round_, 0) for r in waiting
-                if r.waiting is not None and r.waiting.unread and r.waiting.round_ is not None and r.waiting.round_.n}
+        return self._plain(waiting, prompt_reads=True)
 
     def _batch_depth(self, waiting: list[_Request]) -> dict[int, CompiledRound]:
         """Request id -> its round cut to the batch's depth, for the requests whose round it cuts."""

@@ -351,8 +351,7 @@ def test_a_guard_adds_candidate_rows_to_a_prompt_read_only_where_speculation_mea
     alone = solo(tiny, spec, prompt)
 
     def prompt_rows(decoder):
-        first = decoder.rounds[0]
-        return [rows for rows in first.rows]
+        return list(decoder.rounds[0].rows)
 
     unguarded = batch_of(tiny, replace(spec, guard=Guard.OFF), 3)
     assert [r.tokens for r in unguarded.generate_many(prompts)] == [alone] * 3
