@@ -61,9 +61,18 @@ rows on the gate's measured t(n) for a request alone, else at that arm's mean me
 the choice returns to speculating at the first comparison that favours it, and no exploration
 of speculation is played while plain is chosen (they cost real rounds where speculation loses,
 and came too rarely to catch a bursty source's good stretches).  What shadows cost is their
-proposal alone, kept within `shadow_budget` of a plain round's time; in the bound above the
+proposal alone, kept within `shadow_budget` of a plain round's time while the arms are within
+`shadow_close` of each other, and within a smaller share (down to a quarter) the further
+speculation is behind (`shadow_share`); in the bound above the
 exploration term then applies to plain explorations only, and the estimate error e of the
 speculative arm shrinks to the error of pricing a round at the arm's mean.
+
+Across requests (a request alone).  A decoder's next request starts its guard where the last one
+left off (`DoNoHarm.after`): its choice and both arms' estimates as `warmup` rounds' worth of
+evidence.  So where speculation has not been paying, a new request plays no warm-up rounds of it
+and reads its prompt without candidates (`prompt_arm`), costs that came back with every request
+(at temperature 1 on the embedded model: ~90 ms a request, 2% of a 128-token answer); the new
+text's own rounds and shadows outweigh the carried estimates within a few rounds.
 """
 
 from __future__ import annotations
@@ -106,6 +115,10 @@ class DoNoHarmConfig:
     # on llama.cpp at B = 8, a speculating batch whose rounds measured 2% faster than plain ones
     # was 9% slower end to end)
     batch_margin: float = 0.03
+    # shadows take their whole budget while speculation's estimate is within this share of plain's;
+    # further behind, a share of it in proportion (`DoNoHarm.shadow_share`): one shadow cannot
+    # flip a choice that far behind unless it commits many tokens, which a sparser one sees too
+    shadow_close: float = 0.05
 
     def __post_init__(self) -> None:
         if self.warmup < 1 or self.explore_every < 2 or self.max_interval < self.explore_every:
@@ -118,6 +131,8 @@ class DoNoHarmConfig:
             raise InputError(f"do-no-harm needs shadow_budget in (0, 1], got {self}")
         if not 0.0 <= self.batch_margin < 1.0:
             raise InputError(f"do-no-harm needs batch_margin in [0, 1), got {self}")
+        if not 0.0 < self.shadow_close <= 1.0:
+            raise InputError(f"do-no-harm needs shadow_close in (0, 1], got {self}")
 
 
 @dataclass
@@ -192,6 +207,46 @@ class DoNoHarm:
     config: DoNoHarmConfig = field(default_factory=DoNoHarmConfig)
     ledger: list[ArmRound] = field(default_factory=list)
     _states: dict[int, _BatchState] = field(default_factory=dict)
+
+    @classmethod
+    def after(cls, previous: "DoNoHarm | None", config: DoNoHarmConfig) -> "DoNoHarm":
+        """A controller for a decoder's next request alone, starting where `previous` (its last
+        request's) left off: the choice it ended on and both arms' estimates, carried as `warmup`
+        rounds' worth of evidence, so no warm-up rounds are played (and, where plain was chosen,
+        the prompt is read without candidates, `prompt_arm`).  The new text's own rounds outweigh
+        the carried ones within a few rounds; the next exploration comes after `explore_every`.
+        Fresh (warm-up first) where `previous` had not measured both arms."""
+        harm = cls(config)
+        state = None if previous is None else previous._states.get(1)
+        if state is not None and not state.warming(previous.config.warmup):
+            carried = _BatchState({arm: rate.carried(config.warmup) for arm, rate in state.rates.items()},
+                                  state.choice, config.explore_every)
+            carried.shadows = min(state.shadows, 1)  # the same proposers: shadows again, if they had any
+            harm._states[1] = carried
+        return harm
+
+    def prompt_arm(self, batch: int) -> Arm:
+        """The arm of a round that reads a prompt (not counted, not priced): SPECULATE (its
+        candidates read in the same forward) unless plain is chosen on measured rounds (carried
+        over by `after`): candidates that a measured choice says do not pay are not added to it."""
+        state = self._states.get(batch)
+        if state is None or state.warming(self.config.warmup):
+            return Arm.SPECULATE
+        return state.choice
+
+    def shadow_share(self, batch: int) -> float:
+        """The share of a plain round's time shadow proposals may take now: `shadow_budget`, times
+        `shadow_close / gap` (at least a quarter) where plain is chosen with speculation's estimate
+        a share `gap` > `shadow_close` below it.  A shadow's worth is the chance it flips the
+        choice; the further behind speculation is, the more tokens one shadow must show to flip it,
+        and a shadow that shows them still comes within a few rounds."""
+        budget = self.config.shadow_budget
+        state = self._states.get(batch)
+        if state is None or state.choice is Arm.SPECULATE or state.warming(self.config.warmup):
+            return budget
+        speculate, plain = (state.rates[arm].per_second for arm in (Arm.SPECULATE, Arm.PLAIN))
+        gap = 1.0 - speculate / plain if plain > 0 else 0.0
+        return budget * min(1.0, max(0.25, self.config.shadow_close / gap)) if gap > 0 else budget
 
     def play(self, batch: int) -> tuple[Arm, bool]:
         """The arm for a round of `batch` requests, and whether it is an exploration round."""

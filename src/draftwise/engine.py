@@ -179,6 +179,8 @@ class SpeculativeDecoder:
         self.proposers = list(proposers)
         self.config = config
         self.verifier = bind(verifier, [p.contract for p in self.proposers], config.policy, exact=config.exact)
+        # the guard of the last request decoded alone: the next one starts from its estimates
+        self._last_guard: DoNoHarm | None = None
         if config.gate is not None:
             check_gateable(self.verifier.capabilities)
         info = target.info
@@ -273,7 +275,9 @@ class SpeculativeDecoder:
                            self.target.detokenize)
         records: list[RoundRecord] = []
         gate = make_gate(config.gate, len(self.proposers))
-        harm = DoNoHarm(config.guard) if config.guard is not None and self.proposers and batch_size is None else None
+        # a request alone starts its guard where this decoder's last one left off (`DoNoHarm.after`)
+        harm = DoNoHarm.after(self._last_guard, config.guard) \
+            if config.guard is not None and self.proposers and batch_size is None else None
         budget = config.guard.shadow_budget if harm is not None and config.guard is not None else shadow_budget
         shadows = ShadowRounds(budget) if budget is not None and (harm is not None or ask_arm) and self._shadowable() \
             else None
@@ -292,6 +296,8 @@ class SpeculativeDecoder:
                     yield emitted
         finally:
             self.target.rollback()  # no-op after a clean commit; undoes a round cut short by an exception
+            if harm is not None:
+                self._last_guard = harm
         wall = time.perf_counter() - start
         new = emitter.tokens
         return GenerationResult(
@@ -330,7 +336,9 @@ class SpeculativeDecoder:
         unread = context[self.target.cached_len : -1]  # the prompt in round 1, then nothing
         reads_prompt = bool(unread)
         # a round that reads the prompt is no decoding step: the guard neither plays nor prices it
-        arm, explored = harm.play(1) if harm is not None and not reads_prompt else (Arm.SPECULATE, False)
+        # (it speculates unless plain was chosen on measured rounds, carried from the last request)
+        arm, explored = (Arm.SPECULATE, False) if harm is None else \
+            (harm.prompt_arm(1), False) if reads_prompt else harm.play(1)
         if ask_arm and not reads_prompt and self.proposers and limits.max_depth > 0:
             arm = yield ArmRequest()  # the batch's controller decides for the whole round
             if not isinstance(arm, Arm):
@@ -415,7 +423,8 @@ class SpeculativeDecoder:
         if shadows is not None:
             if shadow is not None:  # spaced by this round's share of its batch's time
                 share = (record.total_seconds - shadow_cost) / (batch_size() if batch_size is not None else 1)
-                shadows.track(len(emitter.tokens) - emitted_count, shadow, shadow_cost, share)
+                shadows.track(len(emitter.tokens) - emitted_count, shadow, shadow_cost, share,
+                              None if harm is None else harm.shadow_share(1))
             outcomes = shadows.resolve(emitter.tokens)
             if harm is not None:
                 for outcome in outcomes:

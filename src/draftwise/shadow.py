@@ -88,14 +88,16 @@ class ShadowRounds:
             return False
         return True
 
-    def track(self, start: int, round_: CompiledRound, cost: float, plain_seconds: float) -> None:
+    def track(self, start: int, round_: CompiledRound, cost: float, plain_seconds: float,
+              budget: float | None = None) -> None:
         """A shadow proposal made before the round that publishes token `start` (an empty one
         too: a speculative round there would have been a plain step that paid for proposing);
         `cost` its seconds, `plain_seconds` a plain round's: the next shadows wait so that they
-        stay within the budget."""
+        stay within the budget (`budget`, a share of a plain round's time, where given, else `self.budget`)."""
         self._pending.append(_Pending(start, round_, cost))
         if plain_seconds > 0 and cost > 0:
-            self._wait = max(0, math.ceil(cost / (self.budget * plain_seconds)) - 1)
+            share = self.budget if budget is None else budget
+            self._wait = max(0, math.ceil(cost / (share * plain_seconds)) - 1)
 
     def resolve(self, published: Sequence[int]) -> list[ShadowOutcome]:
         """The outcome of each pending proposal that `published` now decides; the rest stay pending."""

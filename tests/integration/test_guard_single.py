@@ -130,3 +130,45 @@ def test_a_proposer_with_state_gets_no_shadow_proposals(tiny):
     result = SpeculativeDecoder(tiny, [proposer], GreedyVerifier(),
                                 GenerationConfig(max_new_tokens=32, guard=DoNoHarmConfig())).generate(PROMPT)
     assert result.stats.guard_plain_rounds > 0 and result.stats.shadow_rounds == 0
+
+
+def test_a_decoders_next_request_starts_from_its_last_guard_without_warm_up(tiny):
+    """A request that ended on plain steps leaves its guard's estimates to the decoder's next
+    request: that one reads its prompt without candidates and plays no warm-up rounds (only the
+    scheduled explorations ask the proposer), and decodes plain decoding's tokens.  A paying
+    proposer's next request speculates from its prompt round on."""
+    plain = SpeculativeDecoder(tiny, [], GreedyVerifier(), GenerationConfig(max_new_tokens=48)).generate(PROMPT)
+    proposer = SlowWrongProposer(tiny, 0.05)
+    decoder = SpeculativeDecoder(tiny, [proposer], GreedyVerifier(),
+                                 GenerationConfig(max_new_tokens=48, guard=DoNoHarmConfig()))
+    first = decoder.generate(PROMPT)
+    assert first.records[0].asked and first.records[-1].guard_plain
+    proposer.calls = 0
+    second = decoder.generate(PROMPT)
+    assert second.tokens == first.tokens == plain.tokens
+    assert not second.records[0].asked and second.records[0].guard_plain  # the prompt read: no candidates
+    decoding = second.stats.rounds - 1
+    assert proposer.calls == sum(r.asked for r in second.records) <= decoding // DoNoHarmConfig().explore_every
+    assert not any(r.asked for r in second.records[1:DoNoHarmConfig().explore_every])  # no warm-up
+    oracle = OracleProposer(PROMPT, plain.tokens)
+    paying = SpeculativeDecoder(tiny, [oracle], GreedyVerifier(),
+                                GenerationConfig(max_new_tokens=48, guard=DoNoHarmConfig()))
+    paying.generate(PROMPT)
+    again = paying.generate(PROMPT)
+    assert again.tokens == plain.tokens
+    assert again.records[0].asked and again.records[0].accepted > 0  # round 1 verified its candidates
+    assert all(r.asked for r in again.records[1:3])
+
+
+class OracleProposer(StubProposer):
+    """Proposes the next 6 tokens of a known answer: speculation commits 7 tokens a round."""
+
+    name = "oracle"
+
+    def __init__(self, prompt, answer) -> None:
+        self.text = [*prompt, *answer]
+
+    def propose(self, context, manifest_hash, max_depth=None):
+        ahead = self.text[len(context):len(context) + min(6, max_depth or 6)]
+        return result_from_paths([ahead] if ahead else [], source=self.name, manifest_hash=manifest_hash,
+                                 contract=self.contract)

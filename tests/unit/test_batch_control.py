@@ -251,3 +251,47 @@ def test_in_a_batch_speculation_must_win_by_the_margin_and_alone_it_need_not():
         assert controller.chosen(batch) is winner, (batch, gain)
     with pytest.raises(InputError, match="batch_margin"):
         DoNoHarmConfig(batch_margin=1.5)
+
+
+def test_a_next_request_starts_where_the_last_left_off_without_warm_up():
+    """`DoNoHarm.after`: the choice the last request ended on, both arms' estimates carried as
+    `warmup` rounds' worth of evidence, no warm-up rounds; plain chosen reads the prompt without
+    candidates.  A previous controller still warming up gives a fresh one."""
+    config = DoNoHarmConfig()
+    previous = DoNoHarm(config)
+    settle_on_plain(previous)
+    previous.shadow(1, [1])  # its plain rounds carried shadows
+    following = DoNoHarm.after(previous, config)
+    assert following.prompt_arm(1) is Arm.PLAIN
+    assert following.estimates(1) == pytest.approx(previous.estimates(1))
+    rates = following._states[1].rates
+    assert all(rate.weight == pytest.approx(config.warmup) for rate in rates.values())
+    # shadows again (the same proposers): plain is played with no warm-up and no exploration
+    assert [following.play(1) for _ in range(3)] == [(Arm.PLAIN, False)] * 3
+    # the new text's own rounds soon outweigh the carried ones: speculation paying flips it
+    for _ in range(6):
+        arm, explored = following.play(1)
+        following.shadow(1, [300])  # speculation here would commit 300 tokens in its 1 s round
+        following.observe(1, arm, 100, 1.0, explored)
+    assert following.chosen(1) is Arm.SPECULATE
+    warming = DoNoHarm(config)
+    warming.observe(1, Arm.SPECULATE, 1, 1.0, False)
+    for fresh in (DoNoHarm.after(warming, config), DoNoHarm.after(None, config)):
+        assert fresh.prompt_arm(1) is Arm.SPECULATE and fresh.play(1) == (Arm.SPECULATE, False)
+        assert fresh._states[1].warming(config.warmup)
+
+
+def test_shadows_take_a_smaller_share_the_further_speculation_is_behind():
+    """The full `shadow_budget` while speculating or within `shadow_close` of plain; in proportion
+    beyond (close / gap), never under a quarter of it."""
+    config = DoNoHarmConfig(shadow_budget=0.02, shadow_close=0.05)
+    for ratio, share in ((0.97, 0.02), (0.9, 0.01), (0.8, 0.005), (0.5, 0.005)):
+        controller = DoNoHarm(config)
+        run(controller, {Arm.SPECULATE: 100.0 * ratio, Arm.PLAIN: 100.0}, 40, batch=1)
+        assert controller.chosen(1) is Arm.PLAIN
+        assert controller.shadow_share(1) == pytest.approx(share, rel=0.05), ratio
+    speculating = DoNoHarm(config)
+    run(speculating, {Arm.SPECULATE: 120.0, Arm.PLAIN: 100.0}, 40, batch=1)
+    assert speculating.shadow_share(1) == 0.02 and DoNoHarm(config).shadow_share(1) == 0.02
+    with pytest.raises(InputError, match="shadow_close"):
+        DoNoHarmConfig(shadow_close=0.0)

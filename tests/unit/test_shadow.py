@@ -126,3 +126,15 @@ def test_a_shadow_is_priced_by_its_own_rows_on_the_gates_profile():
     assert shadow_price(ShadowOutcome(4, 30, 0.0), gate, harm) == pytest.approx(0.025)  # no more than measured
     assert shadow_price(ShadowOutcome(1, 0, 0.001), None, harm) == pytest.approx(0.011)
     assert shadow_price(ShadowOutcome(3, 5, 0.001), None, harm) is None
+
+
+def test_a_smaller_budget_given_per_shadow_spaces_the_next_ones_further():
+    shadows = ShadowRounds(budget=0.02)
+    round_ = compile_round(10, [result_from_paths([[1]])])
+    due = []
+    for _ in range(30):
+        is_due = shadows.due()
+        due.append(is_due)
+        if is_due:  # a quarter of the budget: 1.5 ms per 35 ms step every 9th round
+            shadows.track(0, round_, cost=0.0015, plain_seconds=0.035, budget=0.005)
+    assert sum(due) == 4
