@@ -53,6 +53,12 @@ attend over them).  Measured on llama.cpp at B = 8 (`benchmarks/batch_throughput
 where speculation measured 2% faster than plain, and a run 9% slower end to end.  Those prompt
 forwards are not decoding steps and are not priced, so the margin stands for them.
 
+What a speculative round leaves to the next one is its cost too: on llama.cpp the first one-row
+step after a many-row verify rebuilds the compute graph (1.5-1.9 ms on a 10 ms step, and ~0.7 ms
+on each of the next few), so a plain exploration, which always follows a speculative round,
+measured plain slower than it is.  The first plain round after a speculative one counts at most
+plain's mean round; its excess is added to speculation's seconds (`_charge_switch`).
+
 Shadow rounds (a request decoded alone, `draftwise.shadow`).  Where every proposer proposes from
 the context alone and the verifier accepts exactly the rows the target publishes, a plain round
 may carry a shadow proposal: once the next tokens are published, what a speculative round there
@@ -183,6 +189,7 @@ class _BatchState:
     burst: int = 0  # exploration rounds still to play in the current exploration
     turnover: float = 0.0  # the share of the batch that joined since the other arm was last played
     shadows: int = 0  # shadow rounds of SPECULATE counted (`DoNoHarm.shadow`)
+    last: Arm | None = None  # the arm of the last round observed at this batch size
 
     def warming(self, warmup: int) -> bool:
         """Whether an arm has been played fewer than `warmup` rounds at this batch size."""
@@ -298,8 +305,11 @@ class DoNoHarm:
         state = self._state(batch)
         state.clock += 1
         warming = state.warming(self.config.warmup)
-        state.rates[arm].add(tokens, seconds, self.config, state.clock)
         self.ledger.append(ArmRound(batch, arm, tokens, seconds, explored))
+        previous, state.last = state.last, arm
+        if arm is Arm.PLAIN and previous is Arm.SPECULATE:
+            seconds = self._charge_switch(state, seconds)
+        state.rates[arm].add(tokens, seconds, self.config, state.clock)
         if warming:  # a warm-up round: compare once the last one is in, start no exploration
             state.since_explore = 0 if explored else state.since_explore + 1
             if state.warming(self.config.warmup):
@@ -317,6 +327,21 @@ class DoNoHarm:
             state.choice, state.interval, state.since_explore = best, self.config.explore_every, 0
         elif explored:
             state.interval = min(2 * state.interval, self.config.max_interval)
+
+    @staticmethod
+    def _charge_switch(state: _BatchState, seconds: float) -> float:
+        """A plain round right after a speculative one: what it took beyond plain's mean round was
+        left to it by the speculative round (llama.cpp rebuilds its graph for the one-row shape,
+        `benchmarks/heterogeneous/`: 1.5-1.9 ms on a 10 ms step), so that excess is added to
+        speculation's seconds and the plain round counts without it.  Otherwise a plain
+        exploration, which always follows a speculative round, would make plain look slower
+        than it is."""
+        plain, speculate = state.rates[Arm.PLAIN], state.rates[Arm.SPECULATE]
+        if plain.weight <= 0 or speculate.weight <= 0:
+            return seconds
+        excess = max(0.0, seconds - plain.mean_seconds)
+        speculate.seconds += excess
+        return seconds - excess
 
     def _better(self, batch: int, state: _BatchState) -> Arm:
         """The arm whose rounds commit more tokens per second; in a batch, speculation must win by

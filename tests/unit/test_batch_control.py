@@ -295,3 +295,25 @@ def test_shadows_take_a_smaller_share_the_further_speculation_is_behind():
     assert speculating.shadow_share(1) == 0.02 and DoNoHarm(config).shadow_share(1) == 0.02
     with pytest.raises(InputError, match="shadow_close"):
         DoNoHarmConfig(shadow_close=0.0)
+
+
+def test_what_a_speculative_round_leaves_to_the_next_plain_round_is_charged_to_speculation():
+    """A plain round right after a speculative one takes 1.5 s where plain rounds take 1 s: the
+    0.5 s is speculation's (llama.cpp rebuilds its graph for the one-row shape), so plain's
+    estimate stays at its own rounds' rate and speculation's pays the excess.  Planted contrast:
+    the same excess after a plain round stays plain's."""
+    config = DoNoHarmConfig(warmup=1, decay=0.5, stale=1.0)
+    controller = DoNoHarm(config)
+    controller.observe(1, Arm.PLAIN, 1, 1.0, False)
+    controller.observe(1, Arm.SPECULATE, 3, 2.0, False)
+    controller.observe(1, Arm.PLAIN, 1, 1.5, True)
+    plain, speculate = (controller._states[1].rates[arm] for arm in (Arm.PLAIN, Arm.SPECULATE))
+    assert plain.mean_seconds == pytest.approx(1.0)
+    assert speculate.seconds == pytest.approx(2.5) and speculate.tokens == pytest.approx(3.0)
+    assert controller.ledger[-1].seconds == pytest.approx(1.5)  # the ledger keeps what the round took
+    contrast = DoNoHarm(config)
+    for arm, tokens, seconds in ((Arm.SPECULATE, 3, 2.0), (Arm.PLAIN, 1, 1.0), (Arm.PLAIN, 1, 1.5)):
+        contrast.observe(1, arm, tokens, seconds, False)
+    plain = contrast._states[1].rates[Arm.PLAIN]
+    assert plain.seconds == pytest.approx(0.5 * 1.0 + 1.5)
+    assert contrast._states[1].rates[Arm.SPECULATE].seconds == pytest.approx(2.0)
