@@ -10,11 +10,13 @@ import torch
 
 from draftwise.engine import GenerationConfig, SpeculativeDecoder
 from draftwise.proposers.heads import HeadsConfig, HeadsProposer
+from draftwise.topology.compile import compile_round
 from draftwise.topology.templates import cartesian
 from draftwise.topology.tree_spec import TreeTemplate
 from draftwise.verify.registry import make_verifier
+from tests.helpers import result_from_paths
 from tests.integration.tiny_heads import random_headset
-from tests.integration.tiny_models import tiny_backend
+from tests.integration.tiny_models import V, tiny_backend
 
 PROMPT = [1, 2, 3, 4]
 CONFIG = HeadsConfig(tree=TreeTemplate(cartesian([2, 2])))  # top-k children: a deterministic proposal
@@ -112,3 +114,36 @@ def test_context_hidden_rows_are_the_committed_rows_states():
     assert target.context_hidden(0).shape == (2, 16)
     target.track_context(False)
     assert target.context_hidden(0) is None
+
+
+def test_context_rows_grown_round_by_round_past_the_buffer_equal_a_full_forward():
+    """Rows committed a few at a time (the buffer doubles from 16 rows, twice here), truncated and
+    continued: every committed row's state equals a plain forward's over the committed text."""
+    target = tiny_backend(3)
+    target.track_context()
+    target.reset()
+    rng = np.random.default_rng(0)
+    text = [int(t) for t in rng.integers(0, V, size=60)]
+    target.verify(text[4], None, unread=text[:4])
+    target.commit([])
+    position = 5  # text[:5] committed, text[5] pending
+    while position < 50:
+        chain = text[position + 1 : position + 4]
+        round_ = result_round(position + 1, chain)
+        target.verify(text[position], round_)
+        target.commit([0, 1])  # two of the three candidates accepted
+        position += 3
+    def expected(length):
+        with torch.inference_mode():
+            out = target.model(input_ids=torch.tensor([text[:length]]), output_hidden_states=True)
+        return out.hidden_states[-1][0].float().numpy()
+    assert target.context_hidden(0).shape == (position, 16)
+    assert np.allclose(target.context_hidden(0), expected(position), atol=1e-5)
+    target.truncate(20)
+    target.verify(text[20], None, unread=())
+    target.commit([])
+    assert np.allclose(target.context_hidden(0), expected(21), atol=1e-5)
+
+
+def result_round(prefix_len, chain):
+    return compile_round(prefix_len, [result_from_paths([chain])])

@@ -98,7 +98,7 @@ class TransformersBackend:
         self._frontier: torch.Tensor | None = None  # [d] of committed row cached_len - 1
         self._last_hidden: torch.Tensor | None = None  # [keep, d] of the last forward's kept rows
         self._track_context = False  # keep every committed row's hidden state (a layer over the context reads them)
-        self._context: torch.Tensor | None = None  # [cached_len, d] committed rows' states; None: unknown
+        self._context: _GrowingRows | None = None  # [cached_len, d] committed rows' states; None: unknown
         self._read_hidden: torch.Tensor | None = None  # [R, d] every row of the last forward (context tracking)
 
     # ---- loading -------------------------------------------------------------------------
@@ -159,7 +159,8 @@ class TransformersBackend:
         self._pending_rows = 0
         self._rows_hidden = None
         self._frontier = None
-        self._context = self._no_rows() if self._track_context else None
+        self._context = _GrowingRows(self.model.config.hidden_size, self.model.dtype, self.device) \
+            if self._track_context else None
 
     # ---- hidden states (draft heads) ------------------------------------------------------------
     def track_hidden(self, on: bool = True) -> None:
@@ -173,17 +174,17 @@ class TransformersBackend:
             self._context = None
 
     def context_hidden(self, start: int) -> np.ndarray | None:
-        if self._context is None or self._context.shape[0] != self._committed or not 0 <= start <= self._committed:
+        if self._context is None or self._context.length != self._committed or not 0 <= start <= self._committed:
             return None
-        return self._context[start:].float().cpu().numpy()
-
-    def _no_rows(self) -> torch.Tensor:
-        return torch.zeros((0, self.model.config.hidden_size), dtype=self.model.dtype, device=self.device)
+        return self._context.rows(start).to(torch.float32, copy=True).cpu().numpy()
 
     def _keep_context(self, rows: torch.Tensor | None) -> None:
         """Append the states of rows just committed [R, d] (None: unknown, so is every later row)."""
         if self._context is not None:
-            self._context = None if rows is None else torch.cat([self._context, rows])
+            if rows is None:
+                self._context = None
+            else:
+                self._context.append(rows)
 
     def frontier_hidden(self) -> np.ndarray | None:
         return None if self._frontier is None else self._frontier.float().cpu().numpy()
@@ -339,7 +340,7 @@ class TransformersBackend:
             self._committed = length
             self._frontier = None
             if self._context is not None:
-                self._context = self._context[:length]
+                self._context.crop(length)
 
     def kv_bytes(self) -> int:
         if self._cache is None:
@@ -437,3 +438,32 @@ def load_tokenizer(model: ResolvedModel):
 
 def tokenizer_hash_of(tokenizer) -> str:
     return tokenizer_fingerprint(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))
+
+
+class _GrowingRows:
+    """Committed rows' hidden states [length, d], appended a round at a time into a buffer that
+    doubles when full: a `torch.cat` per round copied the whole context every round (on a
+    700-token prompt, 1.6 MB a round for the embedded model)."""
+
+    def __init__(self, width: int, dtype: torch.dtype, device: torch.device, capacity: int = 16) -> None:
+        with torch.inference_mode():  # written in place with the model's inference-mode outputs
+            self._buffer = torch.zeros((capacity, width), dtype=dtype, device=device)  # [capacity, d]
+        self.length = 0
+
+    def append(self, rows: torch.Tensor) -> None:
+        """Rows [R, d] after the last one."""
+        end = self.length + rows.shape[0]
+        with torch.inference_mode():
+            if end > self._buffer.shape[0]:
+                grown = self._buffer.new_zeros((max(end, 2 * self._buffer.shape[0]), self._buffer.shape[1]))
+                grown[: self.length] = self._buffer[: self.length]
+                self._buffer = grown
+            self._buffer[self.length : end] = rows
+        self.length = end
+
+    def crop(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+    def rows(self, start: int) -> torch.Tensor:
+        """A view of rows [start, length) (overwritten by a later crop and append: copy to keep)."""
+        return self._buffer[start : self.length]
