@@ -50,7 +50,10 @@ def main(target: str = "smollm2-135m", batch: str = "2", backend: str = "transfo
             widest.setdefault(max(r.rows), []).append(r.seconds)
         print("  steady forwards by their widest request's rows (count x median ms): " + ", ".join(
             f"{n}: {len(v)} x {statistics.median(v) * 1e3:.0f}" for n, v in sorted(widest.items())))
-        published = Counter(c for trace in run.requests for c in trace.counts)
+        reads = [r for r in engine.rounds if max(r.rows) >= PROMPT_READ]
+        print("  prompt forwards (rows per request: ms): " + ", ".join(
+            f"{'+'.join(str(n) for n in r.rows)}: {r.seconds * 1e3:.0f}" for r in reads))
+        published = Counter(c for trace in run.requests for c in trace.chunk_tokens)
         print("  tokens a request published per round (count): " + ", ".join(
             f"{k}: {v}" for k, v in sorted(published.items())))
         if engine.harm is not None:

@@ -22,8 +22,11 @@ Policy.  An unseen batch size starts from the nearest batch size whose arms were
 its choice, and both arms' estimates carried over as `warmup` rounds' worth of evidence (a
 batch that shrinks as its last requests finish visits every size below it, and warming each one
 up from nothing played the losing arm twice per size); the next round explores the other arm.
-With no such neighbour it starts on SPECULATE and each arm is played `warmup` rounds before any
-comparison.  Then the
+With no such neighbour a request alone starts on SPECULATE and a batch on PLAIN (a speculative
+round puts a batch's requests out of step: side costs, below), and each arm is played `warmup`
+rounds before any comparison, except that shadow rounds (below) stand in for speculation's: a
+batch whose requests' proposers shadow plays no speculative round until the shadows show
+speculation to pay.  Then the
 arm with the higher estimate is played (in a batch, speculation must beat plain by
 `batch_margin`, 3%: its side costs, below, are not in its rounds), and the other once every `interval` rounds, where
 `interval` starts at `explore_every` and doubles (up to `max_interval`) each time an
@@ -152,6 +155,7 @@ class _Rate:
     rounds: int = 0
     last: int = 0  # the batch size's round count when this arm was last played
     weight: float = 0.0  # the rounds the sums hold, each weighted as they are
+    shadowed: int = 0  # shadow rounds counted (`DoNoHarm.shadow`): evidence, not played
 
     def add(self, tokens: float, seconds: float, config: DoNoHarmConfig, now: int, weight: float | None = None) -> None:
         """One played round's evidence at round `now`, or (`weight` given) a shadow round's: not
@@ -162,7 +166,13 @@ class _Rate:
         self.seconds = past * self.seconds + share * seconds
         self.weight = past * self.weight + share
         self.rounds += weight is None
+        self.shadowed += weight is not None
         self.last = now
+
+    @property
+    def evidence(self) -> int:
+        """Rounds this estimate stands on: played, or read off shadow proposals."""
+        return self.rounds + self.shadowed
 
     @property
     def mean_seconds(self) -> float:
@@ -192,8 +202,9 @@ class _BatchState:
     last: Arm | None = None  # the arm of the last round observed at this batch size
 
     def warming(self, warmup: int) -> bool:
-        """Whether an arm has been played fewer than `warmup` rounds at this batch size."""
-        return any(rate.rounds < warmup for rate in self.rates.values())
+        """Whether an arm has fewer than `warmup` rounds of evidence at this batch size (played, or
+        for speculation also shadow rounds)."""
+        return any(rate.evidence < warmup for rate in self.rates.values())
 
 
 @dataclass(frozen=True)
@@ -259,7 +270,9 @@ class DoNoHarm:
         """The arm for a round of `batch` requests, and whether it is an exploration round."""
         state = self._state(batch)
         for arm in (state.choice, state.choice.other):  # warm-up: the prior's arm first
-            if state.rates[arm].rounds < self.config.warmup:
+            if state.rates[arm].evidence < self.config.warmup:
+                if arm is Arm.SPECULATE and state.shadows:
+                    continue  # shadows are warming speculation up: no speculative round on a prior
                 return arm, arm is not state.choice
         if state.choice is Arm.PLAIN and state.shadows:
             return Arm.PLAIN, False  # shadow rounds tell what speculation would do: no exploration needed
@@ -285,10 +298,12 @@ class DoNoHarm:
         evidence), taking `seconds` (its price from the verify profile, which the caller knows), else
         that arm's mean measured round.  So speculation's estimate follows the text while plain
         rounds are played, and the choice returns to it at the next comparison once it pays.
-        Ignored (False) before SPECULATE has a measured round at `batch`."""
+        Ignored (False) without a price: no `seconds` and no measured SPECULATE round at `batch`.
+        Priced shadows count toward speculation's warm-up: a batch that starts on plain rounds
+        plays no speculative round until its shadows show speculation to pay."""
         state = self._state(batch)
         rate = state.rates[Arm.SPECULATE]
-        if rate.rounds == 0 or not committed:
+        if (rate.rounds == 0 and seconds is None) or not committed:
             return False
         weight = len(committed) / batch
         price = rate.mean_seconds if seconds is None else seconds
@@ -355,9 +370,14 @@ class DoNoHarm:
         requests.  Once the whole batch has turned over since the other arm was last played (at
         batch 1, every join: another prompt), it is explored at the next round and the
         exploration interval starts over.  (Restarting at every join cost a closed loop at batch 8
-        one exploration round per join: 5% of its throughput where speculation runs at 0.6x.)"""
+        one exploration round per join: 5% of its throughput where speculation runs at 0.6x.)
+        Only speculation's value depends on which requests are in the batch (what their texts let
+        the proposers guess); a plain step's price does not.  So a turnover re-checks speculation
+        while plain is chosen without shadows, and nothing while speculation is chosen: its own
+        rounds measure the new requests, and the regular explorations keep checking plain.  (On
+        the Qwen pair at B = 2, speculating at 2.3x plain, turnovers made 7 of 77 rounds plain.)"""
         state = self._states.get(batch)
-        if state is None or state.warming(self.config.warmup):
+        if state is None or state.warming(self.config.warmup) or state.choice is Arm.SPECULATE:
             return
         state.turnover += 1.0 / batch
         if state.turnover < 1.0 - 1e-9:
@@ -378,10 +398,19 @@ class DoNoHarm:
         if state is None:
             warm = [b for b, s in self._states.items() if not s.warming(self.config.warmup)]
             nearest = min(warm or self._states, key=lambda b: (abs(b - batch), b), default=None)
-            prior = Arm.SPECULATE if nearest is None else self._states[nearest].choice
+            # with nothing measured, a request alone speculates first (its rounds are its own), a
+            # batch decodes plainly first: a speculative round's accepted tokens put its requests
+            # out of step, and requests out of step read their successors' prompts in forwards of
+            # their own (benchmarks/batch_throughput/: llama.cpp at B = 4, 11 warm-up and explored
+            # speculative rounds made 12 prompt forwards of the 4 plain decoding needs, 0.92x)
+            fresh = Arm.SPECULATE if batch == 1 else Arm.PLAIN
+            prior = fresh if nearest is None else self._states[nearest].choice
             state = _BatchState({arm: _Rate() for arm in Arm}, prior, self.config.explore_every)
             if warm and nearest is not None:  # carried over, then checked by an exploration at once
                 state.rates = {arm: rate.carried(self.config.warmup) for arm, rate in self._states[nearest].rates.items()}
                 state.since_explore = state.interval - 1
+                # the same requests' proposers: where they shadowed, they shadow here too, and
+                # plain (if carried) is checked by shadows rather than by a speculative round
+                state.shadows = min(self._states[nearest].shadows, 1)
             self._states[batch] = state
         return state

@@ -141,6 +141,20 @@ def test_at_batch_b_the_interval_restarts_once_b_requests_have_joined():
     assert controller._states[4].turnover == pytest.approx(0.25)
 
 
+def test_while_speculation_is_chosen_a_turnover_forces_no_plain_exploration():
+    """A plain step's price does not depend on which requests are in the batch: with speculation
+    chosen, a whole turnover leaves the interval as it grew (the speculative rounds measure the
+    new requests themselves)."""
+    controller = DoNoHarm(DoNoHarmConfig(explore_every=4, max_interval=64))
+    run(controller, {Arm.PLAIN: 50.0, Arm.SPECULATE: 100.0}, 300, batch=4)
+    assert controller._states[4].interval == 64 and controller.chosen(4) is Arm.SPECULATE
+    since = controller._states[4].since_explore
+    for _ in range(8):
+        controller.joined(4)
+    assert controller._states[4].interval == 64 and controller._states[4].since_explore == since
+    assert controller.play(4) == (Arm.SPECULATE, False)
+
+
 def test_an_unseen_batch_size_starts_from_its_nearest_measured_neighbour():
     """A batch shrinking from 8 visits 7, 6, ...: each starts from the nearest measured size's
     estimates (no warm-up of the losing arm), explores the other arm once at once, and then
@@ -158,10 +172,37 @@ def test_an_unseen_batch_size_starts_from_its_nearest_measured_neighbour():
     assert sum(a is Arm.SPECULATE for a in flipped[-40:]) >= 35
 
 
-def test_without_a_measured_neighbour_both_arms_warm_up():
+def test_without_a_measured_neighbour_both_arms_warm_up_a_batch_plain_first():
+    """A batch warms plain rounds up first (a speculative round puts its requests out of step);
+    a request alone speculates first."""
     controller = DoNoHarm(DoNoHarmConfig(warmup=2))
     played = run(controller, {Arm.PLAIN: 100.0, Arm.SPECULATE: 50.0}, 4, batch=3)
-    assert played == [Arm.SPECULATE, Arm.SPECULATE, Arm.PLAIN, Arm.PLAIN]
+    assert played == [Arm.PLAIN, Arm.PLAIN, Arm.SPECULATE, Arm.SPECULATE]
+    alone = run(DoNoHarm(DoNoHarmConfig(warmup=2)), {Arm.PLAIN: 100.0, Arm.SPECULATE: 50.0}, 4, batch=1)
+    assert alone == [Arm.SPECULATE, Arm.SPECULATE, Arm.PLAIN, Arm.PLAIN]
+
+
+@pytest.mark.parametrize("pays", [False, True])
+def test_a_batchs_priced_shadows_warm_speculation_up_without_a_speculative_round(pays):
+    """Shadows priced by the caller (the batch profile) count as speculation's warm-up: a batch
+    plays plain rounds until they show speculation to pay, and then speculates (chosen, not
+    explored).  Planted contrast: without shadows the warm-up plays speculative rounds."""
+    controller = DoNoHarm(DoNoHarmConfig(warmup=2))
+    played = []
+    for _ in range(12):
+        arm, explored = controller.play(4)
+        played.append((arm, explored))
+        if arm is Arm.PLAIN:  # each request's shadow: 3 tokens (pays) or 1 (a plain step and a proposal)
+            assert controller.shadow(4, [3 if pays else 1] * 4, seconds=1.2)
+        controller.observe(4, arm, 4 if arm is Arm.PLAIN else 12, 1.0 if arm is Arm.PLAIN else 1.2, explored)
+    assert (Arm.SPECULATE, True) not in played  # no speculative round to warm up or explore
+    if pays:
+        first = next(i for i, (arm, _) in enumerate(played) if arm is Arm.SPECULATE)
+        assert first <= 3 and all(arm is Arm.SPECULATE for arm, _ in played[first:first + 7])
+    else:
+        assert all(arm is Arm.PLAIN for arm, _ in played)
+    unshadowed = run(DoNoHarm(DoNoHarmConfig(warmup=2)), {Arm.PLAIN: 100.0, Arm.SPECULATE: 50.0}, 4, batch=4)
+    assert Arm.SPECULATE in unshadowed
 
 
 def settle_on_plain(controller: DoNoHarm) -> None:
@@ -228,11 +269,11 @@ def test_a_batchs_shadows_count_as_their_share_of_a_batch_round():
 
 @pytest.mark.parametrize("winner", [Arm.PLAIN, Arm.SPECULATE])
 def test_speculation_is_proven_only_once_both_arms_were_measured_and_it_won(winner):
-    """A new batch size starts on SPECULATE (a prior, not a measurement); `proven` says yes only
+    """A new batch size starts on PLAIN (a prior, not a measurement); `proven` says yes only
     after both arms' warm-up, and only where speculation measured faster."""
     controller = DoNoHarm()
     assert not controller.proven(4)
-    assert controller.chosen(4) is Arm.SPECULATE  # the prior
+    assert controller.chosen(4) is Arm.PLAIN  # the prior
     run(controller, {winner: 100.0, winner.other: 75.0}, 2 * controller.config.warmup - 1)
     assert not controller.proven(4)  # one arm still warming up
     run(controller, {winner: 100.0, winner.other: 75.0}, 20)
