@@ -235,7 +235,9 @@ class DoNoHarm:
         the carried ones within a few rounds; the next exploration comes after `explore_every`.
         Fresh (warm-up first) where `previous` had not measured both arms."""
         harm = cls(config)
-        state = None if previous is None else previous._states.get(1)
+        if previous is None:
+            return harm
+        state = previous._states.get(1)
         if state is not None and not state.warming(previous.config.warmup):
             carried = _BatchState({arm: rate.carried(config.warmup) for arm, rate in state.rates.items()},
                                   state.choice, config.explore_every)
