@@ -288,8 +288,9 @@ class DoNoHarm:
 
     def proven(self, batch: int) -> bool:
         """Whether speculation is chosen at `batch` on measured rounds: both arms past their
-        warm-up there and SPECULATE the better.  A prior (an unseen batch size starts on
-        SPECULATE) is not a measurement: rows added to a forward on a prior are unpriced."""
+        warm-up there (shadow rounds count for speculation) and SPECULATE the better.  A prior (a
+        request alone starts on SPECULATE, a batch size carried from a neighbour starts on its
+        choice) is not a measurement: rows added to a forward on a prior are unpriced."""
         state = self._states.get(batch)
         return state is not None and not state.warming(self.config.warmup) and state.choice is Arm.SPECULATE
 
