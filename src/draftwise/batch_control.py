@@ -201,6 +201,16 @@ class _BatchState:
     shadows: int = 0  # shadow rounds of SPECULATE counted (`DoNoHarm.shadow`)
     last: Arm | None = None  # the arm of the last round observed at this batch size
 
+    def carried(self, config: DoNoHarmConfig) -> "_BatchState":
+        """This state's choice and both arms' estimates as `config.warmup` rounds' worth of evidence,
+        for another batch size or a decoder's next request.  The same proposers: where they
+        shadowed, they shadow there too, so a carried plain choice is checked by shadows rather
+        than by a speculative round."""
+        state = _BatchState({arm: rate.carried(config.warmup) for arm, rate in self.rates.items()},
+                            self.choice, config.explore_every)
+        state.shadows = min(self.shadows, 1)
+        return state
+
     def warming(self, warmup: int) -> bool:
         """Whether an arm has fewer than `warmup` rounds of evidence at this batch size (played, or
         for speculation also shadow rounds)."""
@@ -239,10 +249,7 @@ class DoNoHarm:
             return harm
         state = previous._states.get(1)
         if state is not None and not state.warming(previous.config.warmup):
-            carried = _BatchState({arm: rate.carried(config.warmup) for arm, rate in state.rates.items()},
-                                  state.choice, config.explore_every)
-            carried.shadows = min(state.shadows, 1)  # the same proposers: shadows again, if they had any
-            harm._states[1] = carried
+            harm._states[1] = state.carried(config)
         return harm
 
     def prompt_arm(self, batch: int) -> Arm:
@@ -410,10 +417,7 @@ class DoNoHarm:
             prior = fresh if nearest is None else self._states[nearest].choice
             state = _BatchState({arm: _Rate() for arm in Arm}, prior, self.config.explore_every)
             if warm and nearest is not None:  # carried over, then checked by an exploration at once
-                state.rates = {arm: rate.carried(self.config.warmup) for arm, rate in self._states[nearest].rates.items()}
+                state = self._states[nearest].carried(self.config)
                 state.since_explore = state.interval - 1
-                # the same requests' proposers: where they shadowed, they shadow here too, and
-                # plain (if carried) is checked by shadows rather than by a speculative round
-                state.shadows = min(self._states[nearest].shadows, 1)
             self._states[batch] = state
         return state
