@@ -399,7 +399,10 @@ class SpeculativeDecoder:
         emitted_count = emitter.publish(decided, [True] * len(accepted_tokens) + [False])
         for i, (proposer, result) in enumerate(zip(self.proposers, results if asked else ())):
             proposer.observe(feedback_for(i, result, round_, selection.accepted_rows, decided[:emitted_count]))
-        if gate is not None:  # it learns from a shadow proposal as from an offered one
+        # it learns from a shadow proposal as from an offered one, and nothing from the round that
+        # reads the prompt: that proposal continues the chat template's header into the answer's
+        # opening, unlike any later one (benchmarks/cost_gate/, "The prompt-reading round")
+        if gate is not None and not reads_prompt:
             gate.observe(offered if asked or shadowed else None, decided)
         record = RoundRecord(
             nodes=round_.n,

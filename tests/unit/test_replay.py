@@ -123,3 +123,14 @@ def test_a_one_token_prompt_reads_nothing_in_round_one_so_the_gate_may_cut_it_as
     rounds = replay(one_token, Fixed(), max_new_tokens=3, limits=TreeLimits(), context_length=100, gate=steep)
     # the engine's round 1 has no unread prompt token to read here: it is gated like any other
     assert rounds[0].gated and rounds[0].nodes == 0
+
+
+def test_the_gate_learns_nothing_from_the_round_that_reads_the_prompt():
+    # round 1 reads the prompt and offers [3, 4, 5, 6, 1, 2] (after [1, 2]); the trace opens with 9: rejected.
+    # round 2: nothing to copy after [2, 9] -> one row (3); round 3: [3] -> [4, 5, 6, 1, 2], 4, 5, 6 accepted.
+    # On this step profile the prior (h1 0.5, hc 0.8) verifies depth 5 (2.68 tokens for 2.5 steps); had
+    # round 1's rejection counted, h1 would be 1/3 at round 3 (2.12 tokens for 2.5 steps): a plain step.
+    step = CostGateConfig(profile([1.0] + [2.5] * 15))
+    rounds = replay(Trace((1, 2, 3, 4, 5, 6, 1, 2), (9, 3, 4, 5, 6, 7, 7, 7), 1.0, 0.5), PromptLookupProposer(),
+                    max_new_tokens=8, limits=TreeLimits(), context_length=100, gate=step)
+    assert shape(rounds)[:3] == [(6, 0, 1, False), (0, 0, 1, False), (5, 3, 4, False)]
