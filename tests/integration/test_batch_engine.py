@@ -239,9 +239,9 @@ def accepted_per_round(result) -> list[tuple[int, int]]:
     return [(record.nodes, record.accepted) for record in result.records]
 
 
-def test_a_llamacpp_draft_model_is_refused_for_batches_by_name(tiny):
-    fake = type("LlamaDraft", (), {"info": replace(tiny.info, name="llamacpp")})()  # no fork: not a transformers draft
-    with pytest.raises(InputError, match="on llamacpp each request would need a context of its own"):
+def test_a_draft_model_on_another_backend_is_refused_for_batches_by_name(tiny):
+    fake = type("OtherDraft", (), {"info": replace(tiny.info, name="vllm")})()  # neither transformers nor llama.cpp
+    with pytest.raises(InputError, match="transformers and llama.cpp backends, not vllm"):
         batch_decoder(make_spec(GREEDY, proposer="draft-model", draft="x", k=3), TransformersBatch.from_backend(tiny, 2), fake)
 
 
@@ -407,13 +407,23 @@ def test_llamacpp_batches_every_request_and_parts_from_plain_only_at_near_ties()
 
     target = load_backend("smollm2-135m", "llamacpp", threads=2)
     spec = make_spec(GenerationConfig(max_new_tokens=16), proposer="prompt-lookup", backend="llamacpp")
-    prompts = [target.chat_prompt([{"role": "user", "content": q}])
-               for q in ("Write a Python function that reverses a list.", "Name three prime numbers.",
-                         "def add(a, b):\n    return a + b\n\nRewrite add with type hints.")]
-    alone = [build_decoder(spec.plain(), target).generate(p).tokens for p in prompts]
+    prompts = llamacpp_prompts(target)
     shared = batch_decoder(spec, open_batch(target, 3))
     results = shared.generate_many(prompts)
     assert max(len(r.requests) for r in shared.rounds) == 3
+    assert_parts_only_at_near_ties(target, spec, prompts, results)
+
+
+def llamacpp_prompts(target) -> list[list[int]]:
+    return [target.chat_prompt([{"role": "user", "content": q}])
+            for q in ("Write a Python function that reverses a list.", "Name three prime numbers.",
+                      "def add(a, b):\n    return a + b\n\nRewrite add with type hints.")]
+
+
+def assert_parts_only_at_near_ties(target, spec, prompts, results) -> None:
+    """Each batched answer is its request's own plain answer, or parts from it where the two
+    tokens are a near-tie for the target (llama.cpp's shared rows round differently)."""
+    alone = [build_decoder(spec.plain(), target).generate(p).tokens for p in prompts]
     for prompt, mine, own in zip(prompts, results, alone):
         assert len(mine.tokens) == 16 or mine.stop_reason == "eos"
         k = next((i for i, (a, b) in enumerate(zip(mine.tokens, own)) if a != b), None)
@@ -425,6 +435,38 @@ def test_llamacpp_batches_every_request_and_parts_from_plain_only_at_near_ties()
         row = np.asarray(target.verify(context[-1], None).logits[0])  # [V] the target's own next-token logits
         target.rollback()
         assert abs(float(row[mine.tokens[k]]) - float(row[own[k]])) < NEAR_TIE, (k, mine.tokens[k], own[k])
+
+
+@pytest.mark.model
+@pytest.mark.llamacpp
+@pytest.mark.parametrize("options", [dict(k=3), dict(tree="wbd:2,2,1")], ids=["chain", "tree"])
+def test_a_llamacpp_draft_model_drafts_for_the_whole_batch_in_one_decode_per_step(options):
+    """A draft model on llama.cpp drafts for every request of a round in one `draft_many` per
+    draft level (a slot per request on the draft's own batch context), and each answer parts
+    from the request's plain answer only at near-ties.  The draft is the target's own weights:
+    every draft is accepted unless rounding parts them, so each round drafts as deep as it may."""
+    pytest.importorskip("llama_cpp")
+    from draftwise.backends.load import load_backend, open_batch
+
+    target = load_backend("smollm2-135m", "llamacpp", threads=2)
+    draft = load_backend("smollm2-135m", "llamacpp", threads=2)
+    spec = make_spec(GenerationConfig(max_new_tokens=16), proposer="draft-model", draft="smollm2-135m",
+                     backend="llamacpp", guard="false", **options)
+    prompts = llamacpp_prompts(target)
+    shared = batch_decoder(spec, open_batch(target, 3), draft)
+    results = shared.generate_many(prompts)
+    assert sum(sum(r.from_draft) for r in results) >= 16  # drafts were accepted
+    seen = {i: 0 for i in range(len(prompts))}
+    several = 0
+    for round_ in shared.rounds:
+        steps = []
+        for request in round_.requests:
+            steps.append(results[request].records[seen[request]].proposal_depth)
+            seen[request] += 1
+        assert round_.draft_calls == max(steps), (round_, steps)  # one draft decode per level, for every request
+        several += sum(s > 0 for s in steps) > 1
+    assert several >= 3  # rounds where several requests drafted in the same decodes
+    assert_parts_only_at_near_ties(target, spec, prompts, results)
 
 
 def test_an_arm_request_is_asked_before_proposing_and_answered_with_an_arm_only(tiny):

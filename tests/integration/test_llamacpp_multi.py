@@ -21,7 +21,7 @@ import pytest
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install draftwise[llamacpp])")
 
 from draftwise.backends.base import BackendError, ContextOverflow  # noqa: E402
-from draftwise.backends.batch import SlotView, VerifyCall  # noqa: E402
+from draftwise.backends.batch import Extend, GrowRound, SlotView, VerifyCall  # noqa: E402
 from draftwise.backends.llamacpp import LlamaCppBackend  # noqa: E402
 from draftwise.backends.llamacpp_multi import LlamaCppBatch, probe_batch_invariance  # noqa: E402
 from draftwise.models import resolve  # noqa: E402
@@ -284,3 +284,115 @@ def test_long_prompts_split_decodes(tol, exact, monkeypatch):
     finally:
         batch.free()
         single.close()
+
+
+# ---- a draft model's steps for many slots (`draft_many`) -----------------------------------------
+class _SiblingAncestors(LlamaCppBatch):
+    """Planted fault: a new leaf's sequence takes its provisional ancestors from a sibling's path
+    (another leaf's sequence, up to the same position), so its rows see the sibling's token."""
+
+    def _give_ancestors(self, slot, copies):
+        leaves = sorted(set(self._state(slot).seq_end) - {0})
+        crossed = [(next((s for s in leaves if s != source), source) if source else source, seq, end)
+                   for source, seq, end in copies]
+        assert not copies or crossed != list(copies), "the scenario must grow a leaf from another leaf's path"
+        super()._give_ancestors(slot, crossed)
+
+
+def draft_many_scenario(single: LlamaCppBackend, batch: LlamaCppBatch, tol: float, exact: bool) -> int:
+    """Slots of different lengths through extends (one token, a few, a prompt longer than one
+    llama.cpp batch), a tree's first level beside extends, its next levels grown beside extends,
+    a commit into the tree, a leave and a join; every call's logits within the kernels' noise of
+    the same call on a lone backend holding that slot's text.  Returns the calls compared."""
+    text: dict[int, list[int]] = {}
+    tree: dict[int, list] = {}  # slot -> [(pending, first round)], then [(grown round, first_row)]
+
+    def lone(call) -> np.ndarray:
+        single.reset()
+        if text[call.slot]:
+            single.extend(text[call.slot])
+        if isinstance(call, Extend):
+            got = single.extend(list(call.tokens))
+        elif isinstance(call, VerifyCall):
+            got = single.verify(call.pending, call.round_)
+        else:
+            (pending, first), *levels = tree[call.slot]
+            single.verify(pending, first)
+            for round_, first_row in levels:
+                single.verify_more(round_, first_row)
+            got = single.verify_more(call.round_, call.first_row)
+        rows = np.array(got.logits, dtype=np.float64)
+        single.reset()
+        return rows
+
+    checked = 0
+
+    def run(calls) -> None:
+        nonlocal checked
+        want = [lone(call) for call in calls]
+        for call, got, rows in zip(calls, batch.draft_many(calls), want):
+            assert_close(got.logits, rows, tol, exact, f"{type(call).__name__} on slot {call.slot}")
+            if isinstance(call, Extend):
+                text[call.slot] += list(call.tokens)
+            elif isinstance(call, VerifyCall):
+                tree[call.slot] = [(call.pending, call.round_)]
+            else:
+                tree[call.slot].append((call.round_, call.first_row))
+            assert batch.cached_len(call.slot) == len(text[call.slot])
+            checked += 1
+
+    def join() -> int:
+        slot = batch.open()
+        text[slot] = []
+        return slot
+
+    a, b = join(), join()
+    run([Extend(a, tuple(tokens(50, 30))), Extend(b, tuple(tokens(51, 45)))])
+    run([Extend(a, (777,)), Extend(b, (778, 779))])  # one token, and two (an unread row) in one decode
+    t = len(text[a])
+    one = make_round(t + 1, [(601, -1), (602, -1)])
+    two = make_round(t + 1, [(601, -1), (602, -1), (603, 0), (604, 1), (605, 0)])
+    three = make_round(t + 1, [(601, -1), (602, -1), (603, 0), (604, 1), (605, 0), (606, 2)])
+    for short, long in ((one, two), (two, three)):
+        assert list(long.token_ids[: short.n]) == list(short.token_ids)
+    c = join()
+    run([VerifyCall(a, 700, one), Extend(b, (780,)), Extend(c, tuple(tokens(52, 600)))])  # c: > 512 rows
+    run([GrowRound(a, two, one.n), Extend(b, (781,)), Extend(c, (782,))])
+    run([GrowRound(a, three, two.n), Extend(b, (783,)), Extend(c, (784,))])
+    accepted = [0, int(np.flatnonzero(three.token_ids == 603)[0]), int(np.flatnonzero(three.token_ids == 606)[0])]
+    batch.commit(a, accepted)
+    text[a] += [700, 601, 603, 606]
+    assert_slot_holds(batch, a, len(text[a]))
+    run([Extend(a, (785,)), Extend(c, (786,))])  # after the commit: the accepted rows' cells are a's text
+    batch.close(b)
+    d = join()
+    run([Extend(a, (787,)), Extend(c, (788, 789)), Extend(d, tuple(tokens(53, 20)))])
+    for slot in (a, c, d):
+        assert_slot_holds(batch, slot, len(text[slot]))
+    return checked
+
+
+@pytest.fixture
+def long_single():
+    b = LlamaCppBackend.load(resolve("smollm2-135m"), n_threads=1, n_ctx=1024, max_tree_leaves=LEAVES)
+    yield b
+    b.close()
+
+
+def test_draft_many_gives_every_slot_what_a_lone_draft_model_gives(long_single, tol, exact):
+    batch = LlamaCppBatch.from_backend(long_single, max_slots=3, max_tree_leaves=LEAVES, slot_ctx=1024)
+    try:
+        assert draft_many_scenario(long_single, batch, tol, exact) == 18
+        with pytest.raises(BackendError, match="twice"):
+            batch.draft_many([Extend(0, (5,)), Extend(0, (6,))])
+    finally:
+        batch.free()
+
+
+def test_a_tree_level_grown_without_its_ancestors_is_caught(long_single, tol, exact):
+    batch = _SiblingAncestors.from_backend(long_single, max_slots=3, max_tree_leaves=LEAVES, slot_ctx=1024)
+    try:
+        with pytest.raises(AssertionError, match="GrowRound"):
+            draft_many_scenario(long_single, batch, tol, exact)
+    finally:
+        batch.free()

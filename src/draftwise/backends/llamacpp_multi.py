@@ -47,7 +47,7 @@ import llama_cpp
 import numpy as np
 
 from draftwise.backends.base import BackendError, BackendInfo, ContextOverflow
-from draftwise.backends.batch import VerifyCall, check_calls
+from draftwise.backends.batch import DraftCall, Extend, GrowRound, VerifyCall, check_calls
 from draftwise.backends.llamacpp import (
     _N_BATCH,
     DEFAULT_KERNELS,
@@ -56,6 +56,9 @@ from draftwise.backends.llamacpp import (
     LlamaCppKernels,
     _is_chain,
     _new_context,
+    check_grows,
+    growth_copies,
+    plan_growth,
     seq_through,
     tree_membership,
 )
@@ -401,6 +404,86 @@ class LlamaCppBatch:
         for i in range(1, len(plan.leaves) + 1):
             llama_cpp.llama_memory_seq_rm(self._mem, main + i, -1, -1)
         llama_cpp.llama_memory_seq_rm(self._mem, main, plan.start, -1)
+
+    # ---- a draft model's steps (`backends.batch.DraftBatch`) ---------------------------------
+    def draft_many(self, calls: Sequence[DraftCall]) -> list[NumpyLogits]:
+        """A draft model's step for many requests: every extend (a verify without candidates whose
+        rows are committed at once) and every verify in ONE `verify_many`, then each tree's next
+        level (`GrowRound`) in a decode of its own (a provisional slot's new rows join leaf
+        sequences that `verify_many` does not plan).  Logits are copies: a later decode of the
+        same call list would overwrite llama.cpp's output buffer.  A refusal (checked first)
+        touches nothing; a failed decode puts each extended slot back to its length and drops
+        the provisional rows of every slot it verified or grew."""
+        if len({c.slot for c in calls}) < len(calls):
+            raise BackendError("a slot appears twice in one forward")
+        for call in calls:
+            if isinstance(call, Extend) and not call.tokens:
+                raise BackendError(f"slot {call.slot}: an extend needs at least one token")
+        shared = [i for i, c in enumerate(calls) if not isinstance(c, GrowRound)]
+        grows = [i for i, c in enumerate(calls) if isinstance(c, GrowRound)]
+        for i in grows:  # every refusal before any decode
+            self._plan_grow(calls[i])  # type: ignore[arg-type]
+        as_verify = [VerifyCall(c.slot, c.tokens[-1], None, c.tokens[:-1]) if isinstance(c, Extend) else c
+                     for c in (calls[i] for i in shared)]
+        before = {c.slot: self.cached_len(c.slot) for c in calls if isinstance(c, Extend)}
+        out: list[NumpyLogits | None] = [None] * len(calls)
+        if as_verify:  # a failed verify_many leaves every slot as it was
+            for i, logits in zip(shared, self.verify_many(as_verify)):  # type: ignore[arg-type]
+                out[i] = NumpyLogits(np.array(logits.logits))  # [1, V] for an extend (its last row), [1+N, V] else
+        for slot in before:
+            self.commit(slot, ())
+        try:
+            for i in grows:
+                out[i] = self._grow(calls[i])  # type: ignore[arg-type]
+        except BackendError:
+            for call in calls:  # extends back to their length before, provisional rows dropped
+                if isinstance(call, Extend):
+                    self.truncate(call.slot, before[call.slot])
+                else:
+                    self.rollback(call.slot)
+            raise
+        return out  # type: ignore[return-value]
+
+    def _plan_grow(self, call: GrowRound) -> tuple[list[tuple[int, int, int]], np.ndarray]:
+        state = self._state(call.slot)
+        round_, n = call.round_, call.round_.n
+        check_grows(state.round_, state.pending_rows, state.committed + 1, round_, call.first_row)
+        if 1 + n > self.info.max_verify_rows:
+            raise BackendError(f"slot {call.slot}: round of {1 + n} rows exceeds this backend's limit of "
+                               f"{self.info.max_verify_rows}")
+        if state.committed + 1 + n > self.slot_ctx:
+            raise ContextOverflow(f"slot {call.slot}: {state.committed} cached + {1 + n} rows exceed its context of "
+                                  f"{self.slot_ctx}")
+        return plan_growth(round_, call.first_row, state.seq_end, self.max_tree_leaves)
+
+    def _grow(self, call: GrowRound) -> NumpyLogits:
+        """`Backend.verify_more` on one slot: rows [first_row, N) on top of its provisional tree."""
+        state = self._state(call.slot)
+        round_, first = call.round_, call.first_row
+        plan, local = self._plan_grow(call)
+        self._give_ancestors(call.slot, growth_copies(round_, plan, state.seq_end, state.committed))
+        for leaf, seq, _ in plan:
+            state.seq_end[seq] = leaf
+        state.round_, state.pending_rows = round_, 1 + round_.n  # before the decode: a failure rolls back every row
+        member = np.zeros((round_.n - first, self.max_tree_leaves + 1), dtype=bool)  # [M, 1+L]
+        member[:, : local.shape[1]] = local
+        self._fill([(call.slot, round_.token_ids[first:], round_.position_ids[first:], member,
+                     np.ones(round_.n - first, dtype=bool))])
+        try:
+            self._decode("a draft tree's next level")
+        except BackendError:
+            self.rollback(call.slot)
+            raise
+        rows = round_.n - first
+        return NumpyLogits(np.ctypeslib.as_array(llama_cpp.llama_get_logits(self._ctx),
+                                                 shape=(rows, self._n_vocab)).copy())  # [M, V]
+
+    def _give_ancestors(self, slot: int, copies: Sequence[tuple[int, int, int]]) -> None:
+        """Each (source, new, end) of local sequences: the new leaf's sequence gets positions
+        [0, end) of the source's, its committed prefix and provisional ancestors."""
+        base = self._seq_base(slot)
+        for source, seq, end in copies:
+            llama_cpp.llama_memory_seq_cp(self._mem, base + source, base + seq, -1, end)
 
     # ---- settle ----------------------------------------------------------------------------
     def commit(self, slot: int, accepted_rows: Sequence[int]) -> None:

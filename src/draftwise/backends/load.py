@@ -100,10 +100,16 @@ def draft_batch(draft: Backend, max_slots: int) -> DraftBatch:
     from draftwise.backends.transformers import TransformersBackend
     from draftwise.backends.transformers_batch import TransformersBatch
 
+    if draft.info.name == "llamacpp":
+        from draftwise.backends.llamacpp import LlamaCppBackend
+        from draftwise.backends.llamacpp_multi import LlamaCppBatch
+
+        assert isinstance(draft, LlamaCppBackend)
+        return LlamaCppBatch.from_backend(draft, max_slots)
     if not isinstance(draft, TransformersBackend):
-        raise InputError(f"a draft model drafts for the requests of a batch on the transformers backend; on "
-                         f"{draft.info.name} each request would need a context of its own, which is not built: "
-                         "decode these requests one at a time, or batch them with prompt-lookup")
+        raise InputError(f"a draft model drafts for the requests of a batch on the transformers and llama.cpp "
+                         f"backends, not {draft.info.name}: decode these requests one at a time, or batch them "
+                         "with prompt-lookup")
     return TransformersBatch.from_backend(draft, max_slots)
 
 
