@@ -6,7 +6,10 @@
    so first-call costs (allocations, kernel selection, caches) stay out of the timings.
 4. Questions in order; for each, R repeats; in each repeat every method answers the whole
    question (all turns) before the next method starts.  The method order rotates by one per
-   question so no method always runs first (CPU frequency and cache state drift).
+   repeat (and per question), so within a question each method runs first equally often: a
+   generation runs measurably slower second in a pair on a noisy 2-core machine, and with one
+   order per question a method that never speculated read 0.935x plain decoding on one
+   category (benchmarks/heterogeneous/, "The order within a pair").
 5. Per turn the repeat with the median wall time is kept (the lower median for even R), so
    that turn's tokens, phase split and latencies all come from one real run.
 6. The question's answer line is appended to the method's JSONL as soon as it is done:
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import resource
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -180,25 +183,31 @@ def median_answer(method: str, question: Question, repeats: list[list[TurnOutput
     return Answer(method, question.question_id, question.category, tuple(repeats[pick]), walls)
 
 
+def method_order(names: Sequence[str], question: int, repeat: int) -> list[str]:
+    """The methods in the order they answer repeat `repeat` of question number `question`:
+    rotated by one per repeat and per question, so each runs first equally often."""
+    shift = (question + repeat) % len(names) if names else 0
+    return list(names[shift:]) + list(names[:shift])
+
+
 def run_questions(plan: BenchPlan, executors: dict[str, Executor], store: ResultStore,
                   advance: Callable[[str, str], None]) -> None:
     """`advance(method, question_id)` after every generation (all turns of one repeat)."""
     done = {name: set(store.load(name)) for name in executors}
     names = list(executors)
     for index, question in enumerate(plan.workload.questions):
-        shift = index % len(names) if names else 0
-        order = [n for n in names[shift:] + names[:shift] if question.question_id not in done[n]]
-        runs: dict[str, list[list[TurnOutput]]] = {n: [] for n in order}
+        todo = [n for n in names if question.question_id not in done[n]]
+        runs: dict[str, list[list[TurnOutput]]] = {n: [] for n in todo}
         failed: dict[str, str] = {}
-        for _ in range(plan.settings.repeats):
-            for name in order:
+        for repeat in range(plan.settings.repeats):
+            for name in method_order(todo, index, repeat):
                 if name not in failed:
                     try:
                         runs[name].append(answer_question(executors[name], question))
                     except GENERATION_ERRORS as exc:
                         failed[name] = f"{exc.__class__.__name__}: {exc}"
                 advance(name, question.question_id)
-        for name in order:
+        for name in todo:
             model_id = executors[name].method.describe()
             answer = error_answer(name, question, failed[name]) if name in failed else median_answer(name, question, runs[name])
             store.append(answer, model_id)
