@@ -65,8 +65,14 @@ def test_a_draft_model_drafts_for_every_request_in_one_forward_per_step(tiny, dr
     assert [r.tokens for r in results] == [a.tokens for a in alone]
     assert [per_round(r) for r in results] == [per_round(a) for a in alone]
     assert sum(sum(r.from_draft) for r in results) > 0  # drafts were accepted somewhere
-    # the i-th batch round a request took part in is its i-th round
-    seen = {i: 0 for i in range(len(PROMPTS))}
+    assert shared_draft_rounds(batch, results) >= 5
+
+
+def shared_draft_rounds(batch, results) -> int:
+    """Check that every batch round answered its draft steps in one call per draft level (the
+    deepest request's levels), whatever the number of requests; return the rounds where several
+    requests drafted in the same calls."""
+    seen = {i: 0 for i in range(len(results))}  # the i-th batch round a request took part in is its i-th round
     shared = 0
     for round_ in batch.rounds:
         steps = []
@@ -75,7 +81,7 @@ def test_a_draft_model_drafts_for_every_request_in_one_forward_per_step(tiny, dr
             seen[request] += 1
         assert round_.draft_calls == max(steps), (round_, steps)  # one forward per draft level
         shared += len(round_.requests) > 1 and sum(s > 0 for s in steps) > 1
-    assert shared >= 5  # rounds where several requests drafted in the same forwards
+    return shared
 
 
 def test_the_draft_slots_are_freed_as_requests_leave(tiny, draft, monkeypatch):
