@@ -344,7 +344,12 @@ class SpeculativeDecoder:
             if not isinstance(arm, Arm):
                 raise ContractError(f"an arm request is answered with an Arm, got {arm!r}")
         clock = started = time.perf_counter()
-        asked = bool(self.proposers) and limits.max_depth > 0 and arm is Arm.SPECULATE
+        # the prompt-reading round's candidates are nearly free where they ride in the prompt's
+        # forward; where the backend reads the prompt apart (llama.cpp) they would cost a verify
+        # forward of their own, for a proposal that continues the chat template (a first turn's
+        # prompt lookup: 2% accepted) - so there that round is a plain step
+        asked = bool(self.proposers) and limits.max_depth > 0 and arm is Arm.SPECULATE \
+            and (not reads_prompt or self.target.info.prompt_shares_round)
         # a plain round may still ask, for a shadow proposal that is never verified (`draftwise.shadow`)
         shadowed = shadows is not None and arm is Arm.PLAIN and not reads_prompt and limits.max_depth > 0 \
             and shadows.due()
@@ -400,8 +405,8 @@ class SpeculativeDecoder:
         for i, (proposer, result) in enumerate(zip(self.proposers, results if asked else ())):
             proposer.observe(feedback_for(i, result, round_, selection.accepted_rows, decided[:emitted_count]))
         # it learns from a shadow proposal as from an offered one, and nothing from the round that
-        # reads the prompt: that proposal continues the chat template's header into the answer's
-        # opening, unlike any later one (benchmarks/cost_gate/, "The prompt-reading round")
+        # reads the prompt: on a first turn that proposal continues the chat template's header into
+        # the answer's opening (benchmarks/cost_gate/, "The prompt-reading round")
         if gate is not None and not reads_prompt:
             gate.observe(offered if asked or shadowed else None, decided)
         record = RoundRecord(

@@ -20,9 +20,10 @@ own token says whether the first cut candidate would have been accepted, and the
 the next rounds say whether the deeper ones would have been, so a gate that has closed keeps
 learning.  Cut candidates the walk never reaches stay unobserved (censored), never counted as
 rejected.  The round that reads the prompt teaches nothing (the engine does not call `observe`):
-its proposal continues the chat template's header into the answer's first token, which no later
-proposal resembles (prompt lookup: 0 of 28 such proposals accepted against 26-91% of later ones),
-and one rejection there, against a prior of weight 1, made the next round a plain step.  The proposers are asked for their
+on a first turn its proposal continues the chat template's header into the answer's first token
+(prompt lookup: 1.9% accepted there against 25-91% in later rounds), and one rejection, against a
+prior of weight 1, made the next round a plain step; on later turns it is accepted more often,
+and replays of both turns lose nothing by ignoring it (benchmarks/cost_gate/).  The proposers are asked for their
 whole proposal every round and the gate cuts it afterwards: free for prompt lookup and REST;
 a draft model's drafting time is not in the gate's objective (t(n) only), so the gate is
 meant for the proposers that cost nothing to ask.

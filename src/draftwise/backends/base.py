@@ -38,6 +38,9 @@ class BackendInfo:
     eos_token_ids: frozenset[int]
     max_verify_rows: int = 1 << 30  # largest 1 + N a single verify accepts
     kv_row_bytes: int = 0  # KV cache bytes of one token's row (K and V, every layer); 0 = unknown
+    # whether a round's candidate rows ride in the forward that reads the prompt (False: the
+    # prompt is read in forwards of its own, and candidates there cost a forward of their own)
+    prompt_shares_round: bool = True
 
 
 class Backend(Protocol):

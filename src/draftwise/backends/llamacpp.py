@@ -252,6 +252,7 @@ class LlamaCppBackend:
             eos_token_ids=frozenset(eos),
             max_verify_rows=_N_BATCH,
             kv_row_bytes=_kv_geometry(handle).bytes_per_cell,
+            prompt_shares_round=False,  # `verify` reads `unread` in decodes of its own (see there)
         )
         template = model_meta(handle, "tokenizer.chat_template")
         return cls(handle, ctx, info, _kv_geometry(handle), threads, max_tree_leaves, template, model.path, kernels)

@@ -148,7 +148,8 @@ class LlamaCppBatch:
         self.kernels: LlamaCppKernels = kernels
         self.geometry = backend.geometry
         self.info: BackendInfo = replace(backend.info, context_length=slot_ctx,
-                                         max_verify_rows=min(backend.info.max_verify_rows, _N_BATCH))
+                                         max_verify_rows=min(backend.info.max_verify_rows, _N_BATCH),
+                                         prompt_shares_round=True)  # `verify_many` decodes them together
         self._n_vocab = backend.info.vocab_size
         self._slots: dict[int, _Slot] = {}
         self._context = _Context(None)
