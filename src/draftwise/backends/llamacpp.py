@@ -424,11 +424,10 @@ class LlamaCppBackend:
             raise BackendError(f"round of {1 + n} rows exceeds this backend's limit of {self.info.max_verify_rows}")
         self._check_room(1 + n)
         # plan every sequence before touching the cache, so a refusal leaves the round as it was
-        plan, member = plan_growth(round_, first_row, self._seq_end, self.max_tree_leaves)
-        for source, seq, end in growth_copies(round_, plan, self._seq_end, t):
+        leaves, member, copies = plan_growth(round_, first_row, self._seq_end, self.max_tree_leaves, t)
+        for source, seq, end in copies:
             llama_cpp.llama_memory_seq_cp(self._mem, source, seq, -1, end)  # positions [0, end)
-        for leaf, seq, _ in plan:
-            self._seq_end[seq] = leaf
+        self._seq_end.update({seq: leaf for leaf, seq in leaves})
         self._round = round_
         self._pending_rows = 1 + n  # before the decode: a failure below rolls back every provisional row
         self._batch.set_tree(round_.token_ids[first_row:], round_.position_ids[first_row:], member)
@@ -613,46 +612,39 @@ def seq_through(round_: CompiledRound | None, seq_end: dict[int, int], accepted_
     raise AssertionError("every provisional row lies on some sequence's path")
 
 
-def plan_growth(round_: CompiledRound, first_row: int, seq_end: dict[int, int], max_leaves: int,
-                ) -> tuple[list[tuple[int, int, int]], np.ndarray]:
-    """How a provisional tree grows by rows [first_row, N) (`verify_more`): for each new leaf,
-    (leaf row, its local sequence, the provisional row it hangs from: -1 the pending token, -2
-    an old leaf whose sequence is exactly its path and is reused), and [M, 1 + max seq] whether
-    each new row lies in each local sequence.  Refuses before anything is touched."""
+def plan_growth(round_: CompiledRound, first_row: int, seq_end: dict[int, int], max_leaves: int, committed: int,
+                ) -> tuple[list[tuple[int, int]], np.ndarray, list[tuple[int, int, int]]]:
+    """How a provisional tree grows by rows [first_row, N) (`verify_more`), planned before
+    anything is touched (a refusal leaves the round as it was): (new leaf row, its local
+    sequence) per new leaf; [M, 1 + max seq] whether each new row lies in each local sequence;
+    and the `seq_cp`s (source sequence, new sequence, end) of positions [0, end) that give a new
+    leaf's sequence its committed prefix and provisional ancestors (none where the leaf extends
+    an old leaf, whose sequence is exactly its path and is reused)."""
     owned = {end: seq for seq, end in seq_end.items() if seq != 0}  # old leaf row -> its sequence
     free = [s for s in range(1, max_leaves + 1) if s not in seq_end]
-    plan: list[tuple[int, int, int]] = []
+    leaves: list[tuple[int, int]] = []
+    copies: list[tuple[int, int, int]] = []
     for leaf in (leaf for leaf in round_.leaves() if leaf >= first_row):
         anchor = _deepest_ancestor_before(round_, leaf, first_row)
         if anchor in owned:
-            plan.append((leaf, owned.pop(anchor), -2))
-        elif free:
-            plan.append((leaf, free.pop(0), anchor))
-        else:
+            leaves.append((leaf, owned.pop(anchor)))
+            continue
+        if not free:
             raise BackendError(
                 f"growing the round to {len(round_.leaves())} leaves needs more sequences than the "
                 f"{max_leaves} this context was built for (reserve a larger tree budget first)"
             )
-    member = np.zeros((round_.n - first_row, 1 + max(seq for _, seq, _ in plan)), dtype=bool)  # [M, S']
-    for leaf, seq, _ in plan:
-        member[:, seq] = round_.ancestor_mask[leaf, first_row:]  # new row r lies on the leaf's path
-    return plan, member
-
-
-def growth_copies(round_: CompiledRound, plan: list[tuple[int, int, int]], seq_end: dict[int, int],
-                  committed: int) -> list[tuple[int, int, int]]:
-    """(source sequence, new sequence, end): the `seq_cp` of positions [0, end) that gives each
-    new leaf's sequence its provisional ancestors (the pending token's prefix: sequence 0)."""
-    copies = []
-    for _leaf, seq, anchor in plan:
-        if anchor == -2:
-            continue
+        seq = free.pop(0)
+        leaves.append((leaf, seq))
         if anchor == -1:  # hangs from the pending token: sequence 0 holds the prefix and it
             copies.append((0, seq, committed + 1))
         else:
             source = next(s for s, e in seq_end.items() if round_.ancestor_mask[e, anchor])
             copies.append((source, seq, int(round_.position_ids[anchor]) + 1))
-    return copies
+    member = np.zeros((round_.n - first_row, 1 + max(seq for _, seq in leaves)), dtype=bool)  # [M, S']
+    for leaf, seq in leaves:
+        member[:, seq] = round_.ancestor_mask[leaf, first_row:]  # new row r lies on the leaf's path
+    return leaves, member, copies
 
 
 def _deepest_ancestor_before(round_: CompiledRound, row: int, first_row: int) -> int:

@@ -57,7 +57,6 @@ from draftwise.backends.llamacpp import (
     _is_chain,
     _new_context,
     check_grows,
-    growth_copies,
     plan_growth,
     seq_through,
     tree_membership,
@@ -421,9 +420,7 @@ class LlamaCppBatch:
             if isinstance(call, Extend) and not call.tokens:
                 raise BackendError(f"slot {call.slot}: an extend needs at least one token")
         shared = [i for i, c in enumerate(calls) if not isinstance(c, GrowRound)]
-        grows = [i for i, c in enumerate(calls) if isinstance(c, GrowRound)]
-        for i in grows:  # every refusal before any decode
-            self._plan_grow(calls[i])  # type: ignore[arg-type]
+        grows = {i: self._plan_grow(c) for i, c in enumerate(calls) if isinstance(c, GrowRound)}  # refusals first
         as_verify = [VerifyCall(c.slot, c.tokens[-1], None, c.tokens[:-1]) if isinstance(c, Extend) else c
                      for c in (calls[i] for i in shared)]
         before = {c.slot: self.cached_len(c.slot) for c in calls if isinstance(c, Extend)}
@@ -434,8 +431,8 @@ class LlamaCppBatch:
         for slot in before:
             self.commit(slot, ())
         try:
-            for i in grows:
-                out[i] = self._grow(calls[i])  # type: ignore[arg-type]
+            for i, growth in grows.items():
+                out[i] = self._grow(calls[i], *growth)  # type: ignore[arg-type]
         except BackendError:
             for call in calls:  # extends back to their length before, provisional rows dropped
                 if isinstance(call, Extend):
@@ -445,7 +442,8 @@ class LlamaCppBatch:
             raise
         return out  # type: ignore[return-value]
 
-    def _plan_grow(self, call: GrowRound) -> tuple[list[tuple[int, int, int]], np.ndarray]:
+    def _plan_grow(self, call: GrowRound) -> tuple[list[tuple[int, int]], np.ndarray, list[tuple[int, int, int]]]:
+        """`plan_growth` for one slot, after the checks `verify_more` makes (nothing touched)."""
         state = self._state(call.slot)
         round_, n = call.round_, call.round_.n
         check_grows(state.round_, state.pending_rows, state.committed + 1, round_, call.first_row)
@@ -455,16 +453,16 @@ class LlamaCppBatch:
         if state.committed + 1 + n > self.slot_ctx:
             raise ContextOverflow(f"slot {call.slot}: {state.committed} cached + {1 + n} rows exceed its context of "
                                   f"{self.slot_ctx}")
-        return plan_growth(round_, call.first_row, state.seq_end, self.max_tree_leaves)
+        return plan_growth(round_, call.first_row, state.seq_end, self.max_tree_leaves, state.committed)
 
-    def _grow(self, call: GrowRound) -> NumpyLogits:
-        """`Backend.verify_more` on one slot: rows [first_row, N) on top of its provisional tree."""
+    def _grow(self, call: GrowRound, leaves: list[tuple[int, int]], local: np.ndarray,
+              copies: list[tuple[int, int, int]]) -> NumpyLogits:
+        """`Backend.verify_more` on one slot, as `_plan_grow` planned it: rows [first_row, N) on
+        top of its provisional tree."""
         state = self._state(call.slot)
         round_, first = call.round_, call.first_row
-        plan, local = self._plan_grow(call)
-        self._give_ancestors(call.slot, growth_copies(round_, plan, state.seq_end, state.committed))
-        for leaf, seq, _ in plan:
-            state.seq_end[seq] = leaf
+        self._give_ancestors(call.slot, copies)
+        state.seq_end.update({seq: leaf for leaf, seq in leaves})
         state.round_, state.pending_rows = round_, 1 + round_.n  # before the decode: a failure rolls back every row
         member = np.zeros((round_.n - first, self.max_tree_leaves + 1), dtype=bool)  # [M, 1+L]
         member[:, : local.shape[1]] = local
