@@ -84,6 +84,14 @@ class VerifyCostProfile:
         """t(n) in plain-decoding steps; pass this as `profile_t` to `select.optimize_tree`."""
         return self._interpolate(n, self.relative)
 
+    def relative_many(self, n: np.ndarray) -> np.ndarray:
+        """t(n) in plain-decoding steps for each of `n` [C]; inf where n is beyond the measured rows."""
+        n = np.asarray(n, dtype=np.float64)
+        if (n < self.rows[0]).any():
+            raise InputError(f"no verification time below n = {self.rows[0]}")
+        rows = np.asarray(self.rows, dtype=np.float64)
+        return np.where(n <= rows[-1], np.interp(n, rows, np.asarray(self.relative, dtype=np.float64)), np.inf)
+
     def absolute_at(self, n: float) -> float:
         if self.absolute_s is None:
             raise InputError("this profile has no absolute times")

@@ -49,6 +49,7 @@ import numpy as np
 from draftwise.errors import InputError
 from draftwise.cost_profile import BatchCostProfile, VerifyCostProfile
 from draftwise.topology.compile import CompiledRound, cut_to_depth, keep_rows
+from draftwise.union_walks import UnionWalks
 from draftwise.verify.base import IncompatibleVerifier, VerifierCapabilities, child_with_token
 
 
@@ -180,20 +181,22 @@ def make_gate(config: CostGateConfig | None, sources: int) -> "CostGate | Source
 
 
 class SourceGate:
-    """The cost gate of a heterogeneous round (`prompt-lookup+hydra++`): one acceptance model per
-    source, each learned by walking the published tokens down that source's own rows (a merged
-    row counts for every source that proposed it), and a depth per source chosen together.
+    """The cost gate of a heterogeneous round (`prompt-lookup+hydra++`): a depth per source, chosen
+    together, from what the sources' rows committed together in recent rounds.
 
     One pooled model over the merged tree (what `CostGate` keeps) cannot tell a source that
     copies well from one that proposes well on prose: where prompt lookup's rows are wasted and
     the heads' are not, it can only cut both by depth (benchmarks/heterogeneous/: the gated union
     at 1.01x on translation where the heads alone run 1.17x).  Here each source s verifies
-    depths 1..d_s; the round maximizes (1 + E[accepted | d]) / t(1 + sum_s rows_s(d_s)) over the
-    depth vector d (the row count is an upper bound: merged prefixes are fewer).  E[accepted]
-    takes the sources as alternatives for the first token, tried in order of their first-token
-    rate, independently: E = sum_j prod_{i before j} (1 - h1_i) E_j(d_j).  A source at depth 0 is
-    not verified at all this round (its rows are cut), and its model keeps learning from the
-    walk like a closed single-source gate."""
+    depths 1..d_s; the round maximizes (1 + E[accepted | d]) / t(rows(d)) over the depth vector d,
+    rows(d) the merged tree's rows that survive the cut (a row proposed by several sources
+    counted once).  E[accepted | d] is what the recent rounds' walks down the full merged tree
+    would have committed under d (`UnionWalks`: it sees the sources' overlap, a row the heads
+    also proposed adds nothing of lookup's own), blended at `prior_weight` with an independent
+    model: one acceptance model per source, learned by walking the published tokens down that
+    source's own rows, the sources taken as alternatives for the first token, tried in order of
+    their first-token rate: E = sum_j prod_{i before j} (1 - h1_i) E_j(d_j).  A source at depth 0
+    is not verified at all this round (its rows are cut), and keeps learning from the walks."""
 
     MAX_COMBINATIONS = 1024  # depth vectors searched exhaustively; beyond, coordinate ascent
 
@@ -202,67 +205,78 @@ class SourceGate:
             raise InputError(f"a per-source gate serves two or more sources, got {sources}")
         self.config = config
         self.gates = [CostGate(config) for _ in range(sources)]
+        self.walks = UnionWalks(sources, config.decay)
         self.batch = 1
         self._depths: tuple[int, ...] = (0,) * sources  # the last round's choice
+        self._present = (1 << sources) - 1  # bitmask of the sources that proposed in the last round
         self._own: tuple[CompiledRound, list[np.ndarray]] | None = None  # the last round's rows per source
 
     @property
     def profile(self) -> VerifyCostProfile:
         return round_profile(self.config, self.batch)
 
-    def expected_union(self, depths: Sequence[int]) -> float:
-        """E[accepted] of the merged round that verifies depths 1..depths[s] of each source s."""
-        order = sorted((k for k, d in enumerate(depths) if d > 0), key=lambda k: -self.gates[k].first.rate)
-        total, missed = 0.0, 1.0
-        for k in order:
-            total += missed * self.gates[k].expected_accepted(depths[k])
-            missed *= 1.0 - self.gates[k].first.rate
+    def independent_union(self, depths: np.ndarray) -> np.ndarray:
+        """[C] E[accepted] of each depth vector depths[c] [C, S] with the sources independent."""
+        tables = [np.array([gate.expected_accepted(d) for d in range(int(depths[:, k].max()) + 1)])
+                  for k, gate in enumerate(self.gates)]
+        total = np.zeros(depths.shape[0], dtype=np.float64)
+        missed = np.ones(depths.shape[0], dtype=np.float64)
+        for k in sorted(range(len(self.gates)), key=lambda k: -self.gates[k].first.rate):
+            total += missed * tables[k][depths[:, k]]
+            missed *= np.where(depths[:, k] > 0, 1.0 - self.gates[k].first.rate, 1.0)
         return total
+
+    def union_expectation(self, depths: np.ndarray, present: int | None = None) -> np.ndarray:
+        """[C] E[accepted] of the merged round that verifies depths 1..depths[c, s] of each source s:
+        the recorded walks of rounds where the sources `present` (default: the last round's)
+        proposed, blended with the independent model at `prior_weight`."""
+        walked, weight = self.walks.expected(depths, self._present if present is None else present)
+        prior = self.config.prior_weight
+        return (prior * self.independent_union(depths) + weight * walked) / (prior + weight)
+
+    def expected_union(self, depths: Sequence[int], present: int | None = None) -> float:
+        return float(self.union_expectation(np.asarray([depths], dtype=np.int64), present)[0])
 
     def expected_accepted(self, depth: int) -> float:
         """E[accepted] of the round chosen last, cut further to `depth` (a batch's deeper cut)."""
         return self.expected_union([min(d, depth) for d in self._depths])
 
-    def choose(self, rows_by_source: Sequence[Sequence[int]]) -> tuple[int, ...]:
-        """A depth per source; `rows_by_source[s][d]` = rows of source s at depth <= d."""
+    def choose(self, offered: CompiledRound, own: Sequence[np.ndarray]) -> tuple[int, ...]:
+        """A depth per source for `offered` (`own` [S] of [N] bool: each source's rows)."""
         profile = self.profile
+        self._present = sum(1 << s for s, mask in enumerate(own) if mask.any())
+        owners = np.stack(own, axis=1)  # [N, S]
+        deepest = [int(offered.depth[mask].max()) if mask.any() else 0 for mask in own]
 
-        def rate(depths: Sequence[int]) -> float:
-            n = 1 + sum(rows[d] for rows, d in zip(rows_by_source, depths))
-            if n > profile.max_rows:
-                return -1.0
-            return (1.0 + self.expected_union(depths)) / profile.relative_at(n)
+        def rates(depths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # depths [C, S] -> rate, rows [C]
+            # a row survives when a source that proposed it verifies that deep
+            reach = np.where(owners[None, :, :], depths[:, None, :], -1).max(axis=2)  # [C, N]
+            n = 1 + (offered.depth[None, :] <= reach).sum(axis=1)  # [C]
+            cost = profile.relative_many(n)  # [C]
+            return (1.0 + self.union_expectation(depths)) / cost, n
 
-        ranges = [range(len(rows)) for rows in rows_by_source]
-        best: tuple[int, ...] = (0,) * len(ranges)
-        best_rate = rate(best)
-        combinations = 1
-        for r in ranges:
-            combinations *= len(r)
+        combinations = int(np.prod([top + 1 for top in deepest]))
         if combinations <= self.MAX_COMBINATIONS:
-            candidates: Sequence[tuple[int, ...]] = list(itertools.product(*ranges))
-            for depths in sorted(candidates, key=lambda d: sum(rows[x] for rows, x in zip(rows_by_source, d))):
-                value = rate(depths)
-                if value > best_rate:  # ties go to the cheaper round (visited first)
-                    best, best_rate = depths, value
-        else:
-            for _ in range(2):  # coordinate ascent: each source's depth with the others held
-                for k, r in enumerate(ranges):
-                    for d in r:
-                        trial = best[:k] + (d,) + best[k + 1:]
-                        value = rate(trial)
-                        if value > best_rate:
-                            best, best_rate = trial, value
-        return best
+            depths = np.array(list(itertools.product(*(range(top + 1) for top in deepest))), dtype=np.int64)
+            value, n = rates(depths)
+            order = np.lexsort((np.arange(len(n)), n))  # ties go to the cheaper round (visited first)
+            return tuple(int(d) for d in depths[order[int(np.argmax(value[order]))]])
+        best = np.zeros((1, len(own)), dtype=np.int64)
+        best_rate = rates(best)[0][0]
+        for _ in range(2):  # coordinate ascent: each source's depth with the others held
+            for k, top in enumerate(deepest):
+                trials = np.repeat(best, top + 1, axis=0)
+                trials[:, k] = np.arange(top + 1)
+                value, _ = rates(trials)
+                if value.max() > best_rate:
+                    best, best_rate = trials[int(np.argmax(value))][None, :], float(value.max())
+        return tuple(int(d) for d in best[0])
 
     def cut(self, offered: CompiledRound) -> tuple[CompiledRound, bool]:
         """`offered` with each source's rows deeper than its chosen depth cut (a row stays while
         any source that proposed it keeps it), and whether anything was cut."""
         own = self._rows_of(offered)
-        deepest = [int(offered.depth[mask].max()) if mask.any() else 0 for mask in own]
-        rows_by_source = [[int(np.count_nonzero(mask & (offered.depth <= d))) for d in range(top + 1)]
-                          for mask, top in zip(own, deepest)]
-        self._depths = self.choose(rows_by_source)
+        self._depths = self.choose(offered, own)
         keep = np.zeros(offered.n, dtype=bool)
         for mask, depth in zip(own, self._depths):
             keep |= mask & (offered.depth <= depth)
@@ -271,10 +285,13 @@ class SourceGate:
         return keep_rows(offered, keep), True
 
     def observe(self, offered: CompiledRound | None, published: Sequence[int]) -> None:
-        """Each source's model walks the published tokens down its own rows of `offered`."""
-        own = [None] * len(self.gates) if offered is None else self._rows_of(offered)
-        for gate, rows in zip(self.gates, own):
+        """Each source's model walks the published tokens down its own rows of `offered`, and the
+        union's walk down all of them is recorded."""
+        own = None if offered is None else self._rows_of(offered)
+        for k, gate in enumerate(self.gates):
+            rows = None if own is None else own[k]
             gate.observe(offered if rows is None or rows.any() else None, published, rows)
+        self.walks.observe(offered, own, published)
 
     def _rows_of(self, offered: CompiledRound) -> list[np.ndarray]:
         """[S] of [N] bool: each source's rows of `offered` (kept from `cut` for `observe`)."""

@@ -260,3 +260,60 @@ def test_a_round_that_reads_the_prompt_is_left_whole_and_one_source_is_no_union(
     assert gate_round(source_gate(), offered, reads_prompt=True) == (offered, False)
     with pytest.raises(InputError, match="two or more"):
         SourceGate(CostGateConfig(FLAT), 1)
+
+
+def test_rows_two_sources_proposed_are_priced_once():
+    """Lookup's chain runs on past the heads' (7, 8 shared, 9 its own): verifying both whole is
+    four rows, within a profile measured to four.  Priced as the sum of each source's rows (six)
+    it could never be chosen (the planted contrast: the old upper bound)."""
+    offered = union_round([[7, 8, 9]], [[7, 8]])
+    g = source_gate(profile([1.0, 1.02, 1.04, 1.06]))
+    for _ in range(8):
+        g.observe(offered, [7, 8, 9, 6])
+    cut, was_cut = gate_round(g, offered, reads_prompt=False)
+    assert not was_cut and cut.n == 3 and g._depths[0] == 3
+    assert sum(len(rows) for rows in ([7, 8, 9], [7, 8])) + 1 > g.profile.max_rows  # the contrast
+
+
+def test_a_source_that_only_agrees_with_the_other_is_not_verified_for_its_agreement():
+    """Half the rounds both sources propose the right 7, 8 (one merged chain); the other half
+    each proposes its own wrong chain.  Taken as independent alternatives, lookup (h1 = 0.5) adds
+    a second chance where the heads miss and its two rows are kept; the walks show it never
+    committed anything the heads had not, so its rows are cut where they are its own."""
+    agree, differ = union_round([[7, 8]], [[7, 8]]), union_round([[1, 2]], [[3, 4]])
+    g = source_gate(profile([1.0, 1.05, 1.05, 1.1, 1.2, 1.3]))
+    for _ in range(10):
+        g.observe(agree, [7, 8, 6])
+        g.observe(differ, [5])
+    walks = g.walks.walks[:]
+    assert gate_round(g, differ, reads_prompt=False)[0].token_ids.tolist() == [3, 4]
+    g.walks.walks.clear()  # the planted contrast: the independent model alone keeps lookup's rows
+    assert sorted(gate_round(g, differ, reads_prompt=False)[0].token_ids.tolist()) == [1, 2, 3, 4]
+    g.walks.walks[:] = walks
+    import numpy as np
+
+    walked, _ = g.walks.expected(np.array([[2, 2], [0, 2]]), present=0b11)
+    assert walked[0] == pytest.approx(walked[1])  # lookup committed nothing the heads did not
+
+
+def test_union_walks_record_owners_continue_into_later_tokens_and_keep_rounds_apart():
+    from draftwise.union_walks import UnionWalks
+
+    import numpy as np
+
+    offered = union_round([[7, 8, 9]], [[7, 4]])  # 7 both, 8-9 lookup's, 4 the heads'
+    own = [np.asarray(offered.origin[k]) for k in range(2)]
+    masks = [np.zeros(offered.n, dtype=bool) for _ in range(2)]
+    for k in range(2):
+        masks[k][[r for r in own[k] if r >= 0]] = True
+    walks = UnionWalks(2, decay=0.5)
+    walks.observe(offered, masks, [7])  # a round cut to depth 1: the walk stays open at 7
+    walks.observe(None, None, [8, 9])  # the next round's tokens take it to lookup's depth 3
+    assert walks.walks[0].owners == [0b11, 0b01, 0b01] and walks.walks[0].weight == 0.5
+    depths = np.array([[0, 0], [1, 0], [0, 2], [3, 0], [2, 1]])
+    expected, weight = walks.expected(depths, present=0b11)
+    assert expected.tolist() == [0, 1, 1, 3, 2] and weight == 0.5
+    assert walks.expected(depths, present=0b10)[1] == 0.0  # rounds where only the heads proposed: none
+    for _ in range(10):
+        walks.observe(None, None, [5])
+    assert not walks.walks  # decayed away
