@@ -166,18 +166,24 @@ def batch_decoder(spec: DecoderSpec, target: BatchBackend, draft: Backend | None
     """A batch engine for a concrete spec: each request gets its own engine (proposers, verifier
     bound for its policy, gate state) on its own slot of `target`."""
     from draftwise.backends.batch import DraftSlot, keeps_hidden
+    from draftwise.backends.layer_skip import draft_pass_host
     from draftwise.backends.load import draft_batch
 
     drafter = concrete_drafter(spec)
     own_draft = drafter is not None and spec.uses_draft_model
+    # a self-drafter composes the loaded model's layers for each request, on a cache of its own
+    composes = draft_pass_host(target) is not None
     for member in members(drafter):  # every source of a union runs per request too
         family = member.family
-        if not (family.batched or family.needs_draft_model or (family.reads_hidden and keeps_hidden(target))):
+        if not (family.batched or family.needs_draft_model or (family.reads_hidden and keeps_hidden(target))
+                or (family.drafts_on_target and composes)):
             families = ", ".join(f.name for f in _batched_families())
-            why = ("reads the target's hidden states, which this backend's batch slots do not keep"
-                   if family.reads_hidden else "runs the target's own layers as its draft")
+            why = ("reads the target's hidden states, which this backend's batch slots do not keep" if family.reads_hidden
+                   else "runs the target's own layers as its draft, which this backend cannot compose per request"
+                   if family.drafts_on_target else "has no batched form")
             raise InputError(f"proposer {member.name} {why}; batched decoding on {target.info.name} runs {families}, "
-                             f"draft-model{', the head families' if keeps_hidden(target) else ''} or none")
+                             f"draft-model{', the head families' if keeps_hidden(target) else ''}"
+                             f"{', the self-drafters' if composes else ''} or none")
     drafts = None  # the draft model as a batch: a slot per request, every request's draft step in one forward
     if own_draft:  # refused before any work where a request cannot have a draft model of its own
         if draft is None:

@@ -183,12 +183,6 @@ def test_sampling_inside_a_batch_emits_the_targets_law(tiny):
     assert chi_square_p(counts, exact_joint(tiny, policy, prompt)) > 1e-3
 
 
-def test_a_self_drafter_is_refused_for_batches_before_any_work(tiny):
-    with pytest.raises(InputError, match="runs the target's own layers.*batched decoding on transformers runs "
-                                         "prompt-lookup, draft-model, the head families or none"):
-        batch_decoder(make_spec(GREEDY, proposer="layer-skip", skip="0"), TransformersBatch.from_backend(tiny, 2))
-
-
 @pytest.mark.parametrize("family", ["medusa", "hydra", "clover"])
 def test_draft_heads_read_each_slots_own_hidden_state(tiny, family, tmp_path):
     """Heads in a batch read the frontier state of their own slot: each request's greedy output

@@ -91,7 +91,7 @@ def test_embedded_model_cells_refusals_and_resume(tmp_path):
     settings = BenchSettings(workloads=(f"prompts:{prompts}",),
                              methods=("plain=dw:proposer=none,backend=transformers",
                                       "lookup=dw:proposer=prompt-lookup,backend=transformers,guard=false",
-                                      "hf-plain",
+                                      "hf-plain", "hf-prompt-lookup",
                                       "skip=dw:proposer=layer-skip,skip=every-other,backend=transformers"),
                              target="smollm2-135m", max_new_tokens=6, threads=1, warmup_tokens=2, concurrency=(1, 2))
     pool = ModelPool(threads=1, seed=0)
@@ -99,7 +99,7 @@ def test_embedded_model_cells_refusals_and_resume(tmp_path):
     summary = run_bench(settings, out, show_progress=False, pool=pool)
     table = summary["concurrency"]["methods"]
     assert summary["concurrency"]["levels"] == [1, 2]
-    for name in ("plain", "lookup"):
+    for name in ("plain", "lookup", "skip"):  # a self-drafter drafts per request on a pass of its own
         for batch in ("1", "2"):
             row = table[name][batch]
             assert row["repeats"] == 1 and row["requests"] == 2 and row["total_tokens_per_s"] > 0
@@ -107,14 +107,15 @@ def test_embedded_model_cells_refusals_and_resume(tmp_path):
             assert row["exact_vs_plain"]["mismatches"] == 0
             assert row["itl_p50_ms"] > 0 and row["ttft_p50_ms"] > 0 and row["kv_peak_bytes"] > 0
     assert table["plain"]["2"]["vs_reference"] == 1.0 and table["hf-plain"]["2"]["exact_vs_plain"]["compared"] == 2
-    assert "layer-skip" in table["skip"]["2"]["refused"] and "refused" in table["skip"]["1"]  # the engine's reason
+    assert "one sequence at a time" in table["hf-prompt-lookup"]["2"]["refused"]  # the peer's reason
+    assert "refused" not in table["hf-prompt-lookup"]["1"]
     report = (out / "report.md").read_text()
-    assert "## Requests in flight" in report and "| skip | 2 | refused:" in report
+    assert "## Requests in flight" in report and "| hf-prompt-lookup | 2 | refused:" in report
     assert (out / "throughput_vs_batch.png").is_file() and (out / "itl_cdf.png").is_file()
 
     store = CellStore(out)
     lines = store.path.read_text().splitlines()
-    assert len(lines) == 3 * 2 + 2  # three methods at two B, and the refusal at each B
+    assert len(lines) == 5 * 2  # five methods at two B (hf-prompt-lookup's B = 2: its refusal)
     dropped = json.loads(lines[1])
     store.path.write_text("\n".join(lines[:1] + lines[2:]) + "\n")  # as if that cell had not finished
     run_bench(settings, out, resume=True, show_progress=False, pool=pool)

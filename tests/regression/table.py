@@ -113,8 +113,6 @@ ROWS += [
         "'rejection' cannot verify", "deterministic_lookup"),
     api("batch-zero", lambda c: c.open(batch=0), InputError, "batch=0", "at least 1 request"),
     api("batch-not-a-number", lambda c: c.open(batch="many"), InputError, "batch='many' is not an integer"),
-    api("batch-self-drafter", lambda c: c.open(proposer="kangaroo").generate_many(["hi"]), InputError,
-        "proposer kangaroo runs the target's own layers", "batched decoding on transformers runs prompt-lookup"),
     api("batch-heads-llamacpp", lambda c: c.open(proposer="hydra", backend="llamacpp").generate_many(["hi"]),
         InputError, "proposer hydra reads the target's hidden states", "batched decoding on llamacpp runs",
         backend="llamacpp"),

@@ -156,6 +156,17 @@ class LayerSkipBackend(TransformersBackend):
             del self._shallow[position]
 
 
+def draft_pass_host(target: object) -> TransformersBackend | None:
+    """The transformers backend whose loaded model a draft pass composes for `target`: the target
+    itself, or, for a slot of a transformers batch (or the batch), the backend the batch shares;
+    None where there is none (llama.cpp).  A draft pass over a batch slot keeps a cache of its own
+    request's rows, like any draft pass: the weights are shared, the draft state is not."""
+    if isinstance(target, TransformersBackend):
+        return target
+    backend = getattr(getattr(target, "batch", target), "backend", None)
+    return backend if isinstance(backend, TransformersBackend) else None
+
+
 def run_layers(model: nn.Module, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
                cache: object, layers: range, skip: SkipSet | None, attn_kwarg: str) -> torch.Tensor:
     """The residual stream x [1, R, d] through `layers` of `model`, each sublayer left out where

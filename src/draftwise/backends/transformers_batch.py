@@ -144,6 +144,7 @@ class TransformersBatch:
         if max_slots < 1:
             raise BackendError(f"a batch holds at least 1 slot, not {max_slots}")
         self._backend = backend
+        self.backend = backend  # a self-draft pass composes its model for each request (backends/layer_skip.py)
         self.model = backend.model
         self.info: BackendInfo = backend.info
         self.device = torch.device(self.info.device)

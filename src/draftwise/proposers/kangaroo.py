@@ -17,12 +17,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Generator, Sequence
 
 from draftwise.backends.transformers import TransformersBackend
 from draftwise.contracts import ProposalResult, ProposerContract, SamplingRelation
 from draftwise.errors import BackendError, InputError
 from draftwise.options import option
+from draftwise.proposers.base import DraftRequest
 from draftwise.proposers.draft_model import DraftConfig, config_contract, config_shape
 from draftwise.proposers.family import CandidateShape, DrafterFamily, DrafterResources
 from draftwise.proposers.layer_skip import SelfDraftProposer
@@ -145,11 +146,18 @@ class KangarooProposer(SelfDraftProposer):
             self._offer(len(context) - 1)
         return result
 
+    def drafting(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None,
+                 ) -> Generator[DraftRequest, Any, ProposalResult]:
+        result = yield from super().drafting(context, manifest_hash, max_depth)
+        if self.reuse:
+            self._offer(len(context) - 1)
+        return result
+
     def _offer(self, pending_position: int) -> None:
         from draftwise.backends.shallow_reuse import ShallowMeta, ShallowRow, ancestry
 
         self.draft.forget_shallow(pending_position)  # type: ignore[attr-defined]
-        fed = list(self.drafting._cached)  # the tokens whose rows the draft holds, in position order
+        fed = list(self.driver._cached)  # the tokens whose rows the draft holds, in position order
         generation = int(self.target.generation)  # type: ignore[attr-defined]
         rows = []
         for position in range(pending_position, len(fed)):
@@ -163,15 +171,15 @@ class KangarooProposer(SelfDraftProposer):
 
 
 def open_kangaroo(config: KangarooConfig, resources: DrafterResources) -> SelfDraftProposer:
-    from draftwise.backends.layer_skip import LayerSkipBackend
+    from draftwise.backends.layer_skip import LayerSkipBackend, draft_pass_host
     from draftwise.backends.shallow_reuse import ShallowReuseBackend
     from draftwise.selfdraft.adapter import default_adapter, load_adapter
     from draftwise.selfdraft.skipset import SkipSet
 
-    target = resources.target
-    if not isinstance(target, TransformersBackend):
+    target = draft_pass_host(resources.target)  # alone: the target; in a batch: the model the slots share
+    if target is None:
         raise BackendError(f"Kangaroo runs the target's shallow layers on the transformers backend, not "
-                           f"{target.info.name} (llama.cpp's public API evaluates every layer)")
+                           f"{resources.target.info.name} (llama.cpp's public API evaluates every layer)")
     if config.unresolved:
         raise InputError(f"{', '.join(config.unresolved)}=auto is not resolved yet (draftwise.open_decoder measures it "
                          "before decoding)")
@@ -184,11 +192,14 @@ def open_kangaroo(config: KangarooConfig, resources: DrafterResources) -> SelfDr
     draft = LayerSkipBackend(target, SkipSet.shallow(arch.layers, arch.exit_layer), exit=adapter, label="kangaroo")
     identity = {"adapter": adapter_set.manifest_hash, "exit_layer": arch.exit_layer, "eta": config.eta,
                 "reuse": config.reuse}
-    verifying = target
-    if config.reuse and config.tree is None and not isinstance(target, ShallowReuseBackend):
+    # in a batch the slot verifies as it is: the shared forward runs every request's rows from
+    # layer 0, so no verify starts at the boundary (`reuse` applies to a request alone)
+    alone = resources.target is target
+    verifying: object = target if alone else resources.target
+    if alone and config.reuse and config.tree is None and not isinstance(target, ShallowReuseBackend):
         verifying = ShallowReuseBackend.of(target)  # the same loaded model; the engine verifies with this view
     proposer = KangarooProposer(draft, config, verifying, target.info.checkpoint, arch.exit_layer, identity)
-    proposer.verifying_target = None if verifying is target else verifying
+    proposer.verifying_target = verifying if alone and verifying is not target else None  # type: ignore[assignment]
     return proposer
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Generator, Sequence
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from draftwise.backends.transformers import TransformersBackend
 from draftwise.contracts import ProposalResult, ProposerContract, SamplingRelation
 from draftwise.errors import BackendError, InputError
 from draftwise.options import option
-from draftwise.proposers.base import RoundFeedback
+from draftwise.proposers.base import DraftRequest, RoundFeedback
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer, config_contract, config_shape
 from draftwise.proposers.family import CandidateShape, DrafterFamily, DrafterResources
 from draftwise.sampling import SamplingPolicy
@@ -128,52 +128,58 @@ class SelfDraftProposer:
     def __init__(self, name: str, draft: TransformersBackend, config: DraftConfig,
                  controller: GammaController | None, identity: dict[str, Any]) -> None:
         self.name = name
-        self.drafting = DraftModelProposer(draft, draft.info.tokenizer_hash, config)
-        self.drafting.name = name
-        self.contract = self.drafting.contract
+        self.driver = DraftModelProposer(draft, draft.info.tokenizer_hash, config)
+        self.driver.name = name
+        self.contract = self.driver.contract
         self.controller = controller
         self._identity = identity
 
     @property
     def draft(self) -> TransformersBackend:
-        return self.drafting.draft  # type: ignore[return-value]
+        return self.driver.draft  # type: ignore[return-value]
 
     @property
     def gamma(self) -> float:
-        return self.drafting.config.confidence_threshold
+        return self.driver.config.confidence_threshold
 
     def identity(self) -> dict[str, Any]:
-        return {**self.drafting.identity(), **self._identity, "name": self.name}
+        return {**self.driver.identity(), **self._identity, "name": self.name}
 
     def begin(self, policy: SamplingPolicy, rng: np.random.Generator) -> None:
         if self.controller is not None:
             if not self.controller.carry:
                 self.controller.reset()
             self._set_gamma(self.controller.gamma)
-        self.drafting.begin(policy, rng)
+        self.driver.begin(policy, rng)
 
     def propose(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None) -> ProposalResult:
-        return self.drafting.propose(context, manifest_hash, max_depth)
+        return self.driver.propose(context, manifest_hash, max_depth)
+
+    def drafting(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None,
+                 ) -> Generator[DraftRequest, Any, ProposalResult]:
+        """`propose` in steps (`SteppedProposer`): in a batch each draft forward goes up to the
+        batch, which answers it on this request's own draft pass."""
+        return (yield from self.driver.drafting(context, manifest_hash, max_depth))
 
     def observe(self, feedback: RoundFeedback) -> None:
-        self.drafting.observe(feedback)
+        self.driver.observe(feedback)
         drafted = len(feedback.result.nodes)
         if self.controller is not None and drafted:
             self._set_gamma(self.controller.update(len(feedback.accepted) / drafted))
 
     def _set_gamma(self, gamma: float) -> None:
         # the draft-model config is frozen: the stop threshold is swapped, nothing else changes
-        self.drafting.config = dataclasses.replace(self.drafting.config, confidence_threshold=gamma)
+        self.driver.config = dataclasses.replace(self.driver.config, confidence_threshold=gamma)
 
 
 def open_layer_skip(config: LayerSkipConfig, resources: DrafterResources) -> SelfDraftProposer:
-    from draftwise.backends.layer_skip import LayerSkipBackend
+    from draftwise.backends.layer_skip import LayerSkipBackend, draft_pass_host
     from draftwise.selfdraft.skipset import resolve_skip
 
-    target = resources.target
-    if not isinstance(target, TransformersBackend):
-        raise BackendError(f"layer skipping runs on the transformers backend, not {target.info.name}: llama.cpp's "
-                           "public API evaluates every layer (pass --backend transformers)")
+    target = draft_pass_host(resources.target)  # alone: the target; in a batch: the model the slots share
+    if target is None:
+        raise BackendError(f"layer skipping runs on the transformers backend, not {resources.target.info.name}: "
+                           "llama.cpp's public API evaluates every layer (pass --backend transformers)")
     if config.skip is None:
         raise InputError("proposer layer-skip needs skip=DIR (a `draftwise skip search` artifact for this target) or "
                          "skip=every-other (the simple rule)")
