@@ -63,10 +63,18 @@ class CostGateConfig:
     # in a batch of B requests the gate prices rows by t_B(n) (a shared forward of n rows per
     # request against a plain batched step) instead of the batch-1 `profile`
     batch_profile: BatchCostProfile | None = None
+    # a union's E[accepted] from the recent rounds' walks down the merged tree, blended with the
+    # independent model (`SourceGate`); False: the independent model alone (what the replay in
+    # benchmarks/heterogeneous/union_replay.py compares it with)
+    union_walks: bool = True
+    # weight a union's walk keeps per later round: far longer memory than the rates' (a walk is
+    # one round's outcome for every depth vector at once, so few rounds make a noisy estimate;
+    # chosen by replay, benchmarks/heterogeneous/union_replay.py)
+    walk_decay: float = 0.95
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.decay < 1.0:
-            raise InputError(f"decay must be in [0, 1), got {self.decay}")
+        if not (0.0 <= self.decay < 1.0 and 0.0 <= self.walk_decay < 1.0):
+            raise InputError(f"decay and walk_decay must be in [0, 1), got {self.decay} and {self.walk_decay}")
         if not (0.0 <= self.prior_first <= 1.0 and 0.0 <= self.prior_continue <= 1.0):
             raise InputError("prior acceptance rates must be in [0, 1]")
         if self.prior_weight <= 0.0:
@@ -205,7 +213,7 @@ class SourceGate:
             raise InputError(f"a per-source gate serves two or more sources, got {sources}")
         self.config = config
         self.gates = [CostGate(config) for _ in range(sources)]
-        self.walks = UnionWalks(sources, config.decay)
+        self.walks = UnionWalks(sources, config.walk_decay)
         self.batch = 1
         self._depths: tuple[int, ...] = (0,) * sources  # the last round's choice
         self._present = (1 << sources) - 1  # bitmask of the sources that proposed in the last round
@@ -230,6 +238,8 @@ class SourceGate:
         """[C] E[accepted] of the merged round that verifies depths 1..depths[c, s] of each source s:
         the recorded walks of rounds where the sources `present` (default: the last round's)
         proposed, blended with the independent model at `prior_weight`."""
+        if not self.config.union_walks:
+            return self.independent_union(depths)
         walked, weight = self.walks.expected(depths, self._present if present is None else present)
         prior = self.config.prior_weight
         return (prior * self.independent_union(depths) + weight * walked) / (prior + weight)

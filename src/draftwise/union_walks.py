@@ -28,7 +28,7 @@ import numpy as np
 from draftwise.topology.compile import CompiledRound
 from draftwise.verify.base import child_with_token
 
-SMALLEST_WEIGHT = 1e-3  # a walk weighted below this (decay^age) is dropped
+MAX_WALKS = 128  # the newest walks kept (at the default decay, older ones weigh < 0.2% each)
 
 
 @dataclass
@@ -36,18 +36,15 @@ class _Walk:
     present: int  # bitmask of the sources that proposed in the walk's round
     owners: list[int] = field(default_factory=list)  # [matched depth - 1] bitmask of the matched row's owners
     weight: float = 1.0
-    _deepest: np.ndarray | None = None  # [S, m + 1] cache of `deepest`
 
-    def deepest(self, sources: int) -> np.ndarray:
-        """[S, m + 1]: [s, x] = the deepest matched depth <= x whose row source s owns (0: none)."""
-        if self._deepest is None or self._deepest.shape[1] != len(self.owners) + 1:
-            table = np.zeros((sources, len(self.owners) + 1), dtype=np.int64)
-            for depth, mask in enumerate(self.owners, start=1):
-                for s in range(sources):
-                    if mask >> s & 1:
-                        table[s, depth] = depth
-            self._deepest = np.maximum.accumulate(table, axis=1)
-        return self._deepest
+    def deepest(self, sources: int, depths: int) -> np.ndarray:
+        """[S, depths + 1]: [s, x] = the deepest matched depth <= x whose row source s owns (0: none)."""
+        table = np.zeros((sources, depths + 1), dtype=np.int64)
+        for depth, mask in enumerate(self.owners[:depths], start=1):
+            for s in range(sources):
+                if mask >> s & 1:
+                    table[s, depth] = depth
+        return np.maximum.accumulate(table, axis=1)
 
 
 class UnionWalks:
@@ -60,19 +57,21 @@ class UnionWalks:
         # the newest walk while published tokens may still take it deeper: (walk, its round, the
         # sources' rows, the row it stands on); one walk stays open, the newest proposal's
         self._open: tuple[_Walk, CompiledRound, Sequence[np.ndarray], int] | None = None
+        self._tables: np.ndarray | None = None  # [W, S, D + 1] every walk's `deepest`, rebuilt when one changes
 
     def observe(self, offered: CompiledRound | None, own: Sequence[np.ndarray] | None, published: Sequence[int]) -> None:
         """Age every walk by one round, continue the open one into `published`, and start a walk
         down `offered` (`own` [S] of [N] bool: each source's rows)."""
         for walk in self.walks:
             walk.weight *= self.decay
-        self.walks = [w for w in self.walks if w.weight >= SMALLEST_WEIGHT]
+        self._tables = None
         if self._open is not None:
             self._open = self._walk(*self._open, published)
         if offered is None or not offered.n or own is None:
             return
         walk = _Walk(present=sum(1 << s for s, mask in enumerate(own) if mask.any()))
         self.walks.append(walk)
+        del self.walks[:-MAX_WALKS]
         self._open = self._walk(walk, offered, own, -1, published)
 
     @staticmethod
@@ -84,21 +83,21 @@ class UnionWalks:
             if match is None:
                 return None
             walk.owners.append(sum(1 << s for s, mask in enumerate(own) if mask[match]))
-            walk._deepest = None
             row = match
         return (walk, offered, own, row) if offered.children_of(row) else None
 
     def expected(self, depths: np.ndarray, present: int) -> tuple[np.ndarray, float]:
         """([C] recency-weighted mean committed candidates for each depth vector depths[c] [C, S]
         over the walks of rounds whose proposing sources were `present`, their total weight)."""
-        total = np.zeros(depths.shape[0], dtype=np.float64)
-        weight = 0.0
-        columns = np.arange(self.sources)
-        for walk in self.walks:
-            if walk.present != present:
-                continue
-            table = walk.deepest(self.sources)  # [S, m + 1]
-            reached = table[columns, np.minimum(depths, table.shape[1] - 1)]  # [C, S]
-            total += walk.weight * reached.max(axis=1)
-            weight += walk.weight
-        return (total / weight if weight > 0 else total), weight
+        chosen = [i for i, walk in enumerate(self.walks) if walk.present == present]
+        if not chosen:
+            return np.zeros(depths.shape[0], dtype=np.float64), 0.0
+        if self._tables is None:
+            deepest = max(len(walk.owners) for walk in self.walks)
+            self._tables = np.stack([walk.deepest(self.sources, deepest) for walk in self.walks])  # [W, S, D + 1]
+        tables = self._tables[chosen]  # [W', S, D + 1]
+        weights = np.array([self.walks[i].weight for i in chosen])  # [W']
+        at = np.minimum(depths, tables.shape[2] - 1)  # [C, S]
+        reached = tables[:, np.arange(self.sources)[None, :], at].max(axis=2)  # [W', C]
+        total = float(weights.sum())
+        return weights @ reached / total, total

@@ -147,7 +147,8 @@ def test_without_evidence_the_estimate_decays_back_to_the_prior():
     assert g.first.rate == pytest.approx(0.5, abs=1e-6)
 
 
-@pytest.mark.parametrize("bad", [dict(decay=1.0), dict(decay=-0.1), dict(prior_first=1.5), dict(prior_weight=0.0)])
+@pytest.mark.parametrize("bad", [dict(decay=1.0), dict(decay=-0.1), dict(walk_decay=1.0), dict(prior_first=1.5),
+                                 dict(prior_weight=0.0)])
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ValueError):
         CostGateConfig(STEP, **bad)
@@ -314,6 +315,8 @@ def test_union_walks_record_owners_continue_into_later_tokens_and_keep_rounds_ap
     expected, weight = walks.expected(depths, present=0b11)
     assert expected.tolist() == [0, 1, 1, 3, 2] and weight == 0.5
     assert walks.expected(depths, present=0b10)[1] == 0.0  # rounds where only the heads proposed: none
-    for _ in range(10):
-        walks.observe(None, None, [5])
-    assert not walks.walks  # decayed away
+    from draftwise.union_walks import MAX_WALKS
+
+    for _ in range(MAX_WALKS + 2):
+        walks.observe(offered, masks, [5])  # rounds whose proposals all missed
+    assert len(walks.walks) == MAX_WALKS and walks.expected(depths, present=0b11)[0].tolist() == [0] * 5
