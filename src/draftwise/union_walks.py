@@ -36,15 +36,18 @@ class _Walk:
     present: int  # bitmask of the sources that proposed in the walk's round
     owners: list[int] = field(default_factory=list)  # [matched depth - 1] bitmask of the matched row's owners
     weight: float = 1.0
+    _table: np.ndarray | None = None  # `deepest`, kept until the walk goes deeper or the width changes
 
     def deepest(self, sources: int, depths: int) -> np.ndarray:
         """[S, depths + 1]: [s, x] = the deepest matched depth <= x whose row source s owns (0: none)."""
-        table = np.zeros((sources, depths + 1), dtype=np.int64)
-        for depth, mask in enumerate(self.owners[:depths], start=1):
-            for s in range(sources):
-                if mask >> s & 1:
-                    table[s, depth] = depth
-        return np.maximum.accumulate(table, axis=1)
+        if self._table is None or self._table.shape[1] != depths + 1:
+            table = np.zeros((sources, depths + 1), dtype=np.int64)
+            for depth, mask in enumerate(self.owners[:depths], start=1):
+                for s in range(sources):
+                    if mask >> s & 1:
+                        table[s, depth] = depth
+            self._table = np.maximum.accumulate(table, axis=1)
+        return self._table
 
 
 class UnionWalks:
@@ -57,14 +60,17 @@ class UnionWalks:
         # the newest walk while published tokens may still take it deeper: (walk, its round, the
         # sources' rows, the row it stands on); one walk stays open, the newest proposal's
         self._open: tuple[_Walk, CompiledRound, Sequence[np.ndarray], int] | None = None
-        self._tables: np.ndarray | None = None  # [W, S, D + 1] every walk's `deepest`, rebuilt when one changes
+        self._width = 16  # depths every walk's table covers (grown when a walk goes deeper)
+        # the stacked tables and weights of the walks of one `present`, until the next `observe`
+        # (a round asks for several depth cuts of the same round)
+        self._stacked: tuple[int, np.ndarray, np.ndarray] | None = None
 
     def observe(self, offered: CompiledRound | None, own: Sequence[np.ndarray] | None, published: Sequence[int]) -> None:
         """Age every walk by one round, continue the open one into `published`, and start a walk
         down `offered` (`own` [S] of [N] bool: each source's rows)."""
+        self._stacked = None
         for walk in self.walks:
             walk.weight *= self.decay
-        self._tables = None
         if self._open is not None:
             self._open = self._walk(*self._open, published)
         if offered is None or not offered.n or own is None:
@@ -83,20 +89,21 @@ class UnionWalks:
             if match is None:
                 return None
             walk.owners.append(sum(1 << s for s, mask in enumerate(own) if mask[match]))
+            walk._table = None
             row = match
         return (walk, offered, own, row) if offered.children_of(row) else None
 
     def expected(self, depths: np.ndarray, present: int) -> tuple[np.ndarray, float]:
         """([C] recency-weighted mean committed candidates for each depth vector depths[c] [C, S]
         over the walks of rounds whose proposing sources were `present`, their total weight)."""
-        chosen = [i for i, walk in enumerate(self.walks) if walk.present == present]
-        if not chosen:
-            return np.zeros(depths.shape[0], dtype=np.float64), 0.0
-        if self._tables is None:
-            deepest = max(len(walk.owners) for walk in self.walks)
-            self._tables = np.stack([walk.deepest(self.sources, deepest) for walk in self.walks])  # [W, S, D + 1]
-        tables = self._tables[chosen]  # [W', S, D + 1]
-        weights = np.array([self.walks[i].weight for i in chosen])  # [W']
+        if self._stacked is None or self._stacked[0] != present:
+            chosen = [walk for walk in self.walks if walk.present == present]
+            if not chosen:
+                return np.zeros(depths.shape[0], dtype=np.float64), 0.0
+            self._width = max(self._width, *(len(walk.owners) for walk in chosen))
+            self._stacked = (present, np.stack([walk.deepest(self.sources, self._width) for walk in chosen]),
+                             np.array([walk.weight for walk in chosen]))  # [W', S, D + 1], [W']
+        _, tables, weights = self._stacked
         at = np.minimum(depths, tables.shape[2] - 1)  # [C, S]
         reached = tables[:, np.arange(self.sources)[None, :], at].max(axis=2)  # [W', C]
         total = float(weights.sum())

@@ -286,11 +286,13 @@ def test_a_source_that_only_agrees_with_the_other_is_not_verified_for_its_agreem
     for _ in range(10):
         g.observe(agree, [7, 8, 6])
         g.observe(differ, [5])
-    walks = g.walks.walks[:]
+    from draftwise.union_walks import UnionWalks
+
+    walks = g.walks
     assert gate_round(g, differ, reads_prompt=False)[0].token_ids.tolist() == [3, 4]
-    g.walks.walks.clear()  # the planted contrast: the independent model alone keeps lookup's rows
+    g.walks = UnionWalks(2, g.config.walk_decay)  # the planted contrast: the independent model alone keeps lookup's rows
     assert sorted(gate_round(g, differ, reads_prompt=False)[0].token_ids.tolist()) == [1, 2, 3, 4]
-    g.walks.walks[:] = walks
+    g.walks = walks
     import numpy as np
 
     walked, _ = g.walks.expected(np.array([[2, 2], [0, 2]]), present=0b11)

@@ -143,7 +143,6 @@ class TransformersBatch:
 
         if max_slots < 1:
             raise BackendError(f"a batch holds at least 1 slot, not {max_slots}")
-        self._backend = backend
         self.backend = backend  # a self-draft pass composes its model for each request (backends/layer_skip.py)
         self.model = backend.model
         self.info: BackendInfo = backend.info
@@ -436,7 +435,7 @@ class TransformersBatch:
         return None if frontier is None else frontier.float().cpu().numpy()
 
     def token_weights(self) -> TokenWeights:
-        return self._backend.token_weights()
+        return self.backend.token_weights()
 
     def kv_bytes(self, slot: int | None = None) -> int:
         if slot is not None:
@@ -447,13 +446,13 @@ class TransformersBatch:
 
     # ---- text ----------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        return self._backend.tokenize(text, add_special)
+        return self.backend.tokenize(text, add_special)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
-        return self._backend.detokenize(tokens)
+        return self.backend.detokenize(tokens)
 
     def chat_prompt(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        return self._backend.chat_prompt(messages)
+        return self.backend.chat_prompt(messages)
 
 
 def _wrap(keys: list[torch.Tensor], values: list[torch.Tensor]) -> Any:

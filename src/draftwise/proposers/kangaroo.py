@@ -140,12 +140,6 @@ class KangarooProposer(SelfDraftProposer):
             draft.record_boundary = boundary  # type: ignore[attr-defined]
             target.declare_boundary(boundary)  # type: ignore[attr-defined]
 
-    def propose(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None) -> ProposalResult:
-        result = super().propose(context, manifest_hash, max_depth)
-        if self.reuse:
-            self._offer(len(context) - 1)
-        return result
-
     def drafting(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None,
                  ) -> Generator[DraftRequest, Any, ProposalResult]:
         result = yield from super().drafting(context, manifest_hash, max_depth)
@@ -194,12 +188,11 @@ def open_kangaroo(config: KangarooConfig, resources: DrafterResources) -> SelfDr
                 "reuse": config.reuse}
     # in a batch the slot verifies as it is: the shared forward runs every request's rows from
     # layer 0, so no verify starts at the boundary (`reuse` applies to a request alone)
-    alone = resources.target is target
-    verifying: object = target if alone else resources.target
-    if alone and config.reuse and config.tree is None and not isinstance(target, ShallowReuseBackend):
+    verifying: object = resources.target
+    if resources.target is target and config.reuse and config.tree is None and not isinstance(target, ShallowReuseBackend):
         verifying = ShallowReuseBackend.of(target)  # the same loaded model; the engine verifies with this view
     proposer = KangarooProposer(draft, config, verifying, target.info.checkpoint, arch.exit_layer, identity)
-    proposer.verifying_target = verifying if alone and verifying is not target else None  # type: ignore[assignment]
+    proposer.verifying_target = None if verifying is resources.target else verifying  # type: ignore[assignment]
     return proposer
 
 

@@ -22,7 +22,7 @@ from draftwise.backends.transformers import TransformersBackend
 from draftwise.contracts import ProposalResult, ProposerContract, SamplingRelation
 from draftwise.errors import BackendError, InputError
 from draftwise.options import option
-from draftwise.proposers.base import DraftRequest, RoundFeedback
+from draftwise.proposers.base import DraftRequest, RoundFeedback, propose_alone
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer, config_contract, config_shape
 from draftwise.proposers.family import CandidateShape, DrafterFamily, DrafterResources
 from draftwise.sampling import SamplingPolicy
@@ -153,7 +153,7 @@ class SelfDraftProposer:
         self.driver.begin(policy, rng)
 
     def propose(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None) -> ProposalResult:
-        return self.driver.propose(context, manifest_hash, max_depth)
+        return propose_alone(self.drafting(context, manifest_hash, max_depth))
 
     def drafting(self, context: Sequence[int], manifest_hash: str, max_depth: int | None = None,
                  ) -> Generator[DraftRequest, Any, ProposalResult]:
