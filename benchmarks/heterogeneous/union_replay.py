@@ -1,7 +1,8 @@
 """The gated union against its sources alone, replayed on a bench run's plain traces (no target
 forward, so no timing noise in the comparison): the union's depth per source chosen from recent
 walks down the merged tree (`gate.SourceGate`, `union_walks=True`) against the independent model
-alone (`union_walks=False`), beside gated prompt lookup and Hydra++ with its tree alone.
+alone (`union_walks=False`) and against the walks with the heads asked every round
+(`ask_by_cost=False`), beside gated prompt lookup and Hydra++ with its tree alone.
 
 Each trace is plain decoding's answer to one turn of the run (its prompt re-made through the
 target's chat template with plain's earlier answers, as the bench made it); the target's hidden
@@ -42,7 +43,9 @@ from draftwise.parse import spec_from_options
 from draftwise.spec import DecoderSpec
 from draftwise.workloads import messages_for, parse_workloads
 
-SOURCES = ("lookup-gate", "hydra++", "union-independent")
+# the union with the independent model alone and with the walks but asking the heads every round
+# (as before `CostGateConfig.ask_by_cost`), beside its two sources
+SOURCES = ("lookup-gate", "hydra++", "union-independent", "always-ask")
 HEADS_DRAFTED_S = 1e-3  # a round that took longer to propose ran the heads (prompt lookup: microseconds)
 
 
@@ -100,7 +103,8 @@ def main() -> None:
     decays = [float(d) for d in args.walk_decay.split(",")]
     columns = [*SOURCES, *(f"walks-{d:g}" for d in decays)]
     gates = {"lookup-gate": CostGateConfig(profile), "hydra++": None,
-             "union-independent": CostGateConfig(profile, union_walks=False),
+             "union-independent": CostGateConfig(profile, union_walks=False, ask_by_cost=False),
+             "always-ask": CostGateConfig(profile, ask_by_cost=False),
              **{f"walks-{d:g}": CostGateConfig(profile, walk_decay=d) for d in decays}}
     hidden = HiddenTraces([record_hidden(target, trace) for _, trace in traces], target.info, target.token_weights())
     replayed: dict[tuple[int, str], list] = {}
@@ -119,6 +123,10 @@ def main() -> None:
     heads_s = statistics.median(drafted)
     print(f"heads' drafting: median {heads_s * 1e3:.2f} ms a round ({len(drafted)} rounds), "
           f"{heads_s / step:.3f} plain steps")
+    for column in columns[1:]:
+        rounds = [r for (_, c), rs in replayed.items() if c == column for r in rs]
+        share = sum(r.propose_s > HEADS_DRAFTED_S for r in rounds) / max(len(rounds), 1)
+        print(f"  {column}: the heads drafted in {share:.0%} of {len(rounds)} rounds")
     cost: dict[tuple[str, str], float] = defaultdict(float)  # (category, column) -> plain-step units
     tokens: dict[tuple[str, str], int] = defaultdict(int)
     for (i, column), rounds in replayed.items():

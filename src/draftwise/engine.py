@@ -312,6 +312,15 @@ class SpeculativeDecoder:
             verifier=self.verifier.capabilities.name,
         )
 
+    def _nothing(self, source: int) -> ProposalResult:
+        """An empty proposal from `source` (not asked this round)."""
+        proposer = self.proposers[source]
+        return ProposalResult((), proposer.contract, proposer.name, self.manifest.hash)
+
+    def _each_source(self, proposed_by: dict[int, ProposalResult]) -> list[ProposalResult]:
+        """The round's proposals in the union's order, empty for the sources not (yet) asked."""
+        return [proposed_by.get(k) or self._nothing(k) for k in range(len(self.proposers))]
+
     def _shadowable(self) -> bool:
         """Whether the guard's plain rounds can carry shadow proposals (`draftwise.shadow`): every
         proposer proposes from the context and the target's committed state alone, and the
@@ -353,15 +362,29 @@ class SpeculativeDecoder:
         # a plain round may still ask, for a shadow proposal that is never verified (`draftwise.shadow`)
         shadowed = shadows is not None and arm is Arm.PLAIN and not reads_prompt and limits.max_depth > 0 \
             and shadows.due()
-        results = []
-        for proposer in self.proposers if asked or shadowed else ():
+        # a union's gate asks its sources cheapest first, and a source that costs drafting time
+        # only where its rows are predicted to pay for it (`SourceGate.ask`; never for a shadow)
+        choosy = gate if asked and isinstance(gate, SourceGate) else None
+        order = choosy.start_round() if choosy is not None else range(len(self.proposers))
+        proposed_by: dict[int, ProposalResult] = {}
+        unasked: list[int] = []
+        for k in order if asked or shadowed else ():
+            proposer = self.proposers[k]
+            if choosy is not None and not reads_prompt and not choosy.ask(
+                    k, lambda: compile_round(len(context), self._each_source(proposed_by), limits)):
+                proposed_by[k] = self._nothing(k)
+                unasked.append(k)
+                continue
             if batched and asked and isinstance(proposer, SteppedProposer):  # its draft forwards go up to the batch
                 # (a shadow proposal's are its own: a plain round hands the batch no draft step)
-                results.append((yield from proposer.drafting(context, self.manifest.hash, max_depth=limits.max_depth)))
+                proposed_by[k] = yield from proposer.drafting(context, self.manifest.hash, max_depth=limits.max_depth)
             else:
-                results.append(proposer.propose(context, self.manifest.hash, max_depth=limits.max_depth))
+                proposed_by[k] = proposer.propose(context, self.manifest.hash, max_depth=limits.max_depth)
             lap, clock = _lap(clock)
             seconds[proposer.phase] = seconds.get(proposer.phase, 0.0) + lap
+            if choosy is not None:
+                choosy.drafted(k, lap)
+        results = self._each_source(proposed_by) if proposed_by else []
         for proposer, result in zip(self.proposers, results):
             self.manifest.check(result)
             if result.contract != proposer.contract:  # the verifier was bound to the declared one
@@ -403,6 +426,8 @@ class SpeculativeDecoder:
         decided = accepted_tokens + [selection.bonus_token]
         emitted_count = emitter.publish(decided, [True] * len(accepted_tokens) + [False])
         for i, (proposer, result) in enumerate(zip(self.proposers, results if asked else ())):
+            if i in unasked:
+                continue  # as in a plain round: it proposed nothing to keep or roll back
             proposer.observe(feedback_for(i, result, round_, selection.accepted_rows, decided[:emitted_count]))
         # it learns from a shadow proposal as from an offered one, and nothing from the round that
         # reads the prompt: on a first turn that proposal continues the chat template's header into
@@ -427,6 +452,7 @@ class SpeculativeDecoder:
             guard_plain=arm is Arm.PLAIN,
             shadowed=shadowed,
             by_source=source_ledger(self.proposers, round_, selection.accepted_rows[:emitted_count]) if asked else (),
+            unasked=tuple(self.proposers[k].name for k in unasked),
         )
         if shadows is not None:
             if shadow is not None:  # spaced by this round's share of its batch's time

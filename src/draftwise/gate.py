@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -71,6 +71,10 @@ class CostGateConfig:
     # one round's outcome for every depth vector at once, so few rounds make a noisy estimate;
     # chosen by replay, benchmarks/heterogeneous/union_replay.py)
     walk_decay: float = 0.95
+    # a union asks a source that costs drafting time (the heads, a draft model) only in rounds
+    # where the gate is predicted to verify some of its rows (`SourceGate.ask`); False: every
+    # source every round (what the replay compares it with)
+    ask_by_cost: bool = True
 
     def __post_init__(self) -> None:
         if not (0.0 <= self.decay < 1.0 and 0.0 <= self.walk_decay < 1.0):
@@ -204,9 +208,20 @@ class SourceGate:
     model: one acceptance model per source, learned by walking the published tokens down that
     source's own rows, the sources taken as alternatives for the first token, tried in order of
     their first-token rate: E = sum_j prod_{i before j} (1 - h1_i) E_j(d_j).  A source at depth 0
-    is not verified at all this round (its rows are cut), and keeps learning from the walks."""
+    is not verified at all this round (its rows are cut), and keeps learning from the walks.
+
+    A source that costs drafting time (the heads: 0.16-0.22 plain steps a round on the embedded
+    model) is asked only in rounds where the gate would verify some of its rows (`ask`): where
+    prompt lookup copies well the heads' rows add little that lookup's do not, and drafting them
+    every round for a cut to depth 0 cost the union 5-7% on qa and math_reasoning
+    (benchmarks/heterogeneous/).  Sources are asked cheapest first.
+    """
 
     MAX_COMBINATIONS = 1024  # depth vectors searched exhaustively; beyond, coordinate ascent
+    FREE_DRAFTING = 0.01  # plain steps: a source that drafts for less is always asked (prompt lookup)
+    ASK_PATIENCE = 4  # rounds a skipped source waits before it is asked again to re-measure its worth...
+    MAX_PATIENCE = 32  # ...doubled each time it is still not worth asking, up to this
+    DRAFT_DECAY = 0.8  # weight a drafting-time measurement keeps per later one
 
     def __init__(self, config: CostGateConfig, sources: int) -> None:
         if sources < 2:
@@ -218,6 +233,13 @@ class SourceGate:
         self._depths: tuple[int, ...] = (0,) * sources  # the last round's choice
         self._present = (1 << sources) - 1  # bitmask of the sources that proposed in the last round
         self._own: tuple[CompiledRound, list[np.ndarray]] | None = None  # the last round's rows per source
+        # asking by cost: per source, the decayed mean drafting seconds (None: never measured),
+        # its last proposal's rows within each depth ([D + 1] cumulative), rounds skipped since
+        # it was last asked and the rounds it waits before it is asked anyway
+        self._draft_s: list[float | None] = [None] * sources
+        self._shape: list[np.ndarray | None] = [None] * sources
+        self._skipped = [0] * sources
+        self._patience = [self.ASK_PATIENCE] * sources
 
     @property
     def profile(self) -> VerifyCostProfile:
@@ -251,17 +273,82 @@ class SourceGate:
         """E[accepted] of the round chosen last, cut further to `depth` (a batch's deeper cut)."""
         return self.expected_union([min(d, depth) for d in self._depths])
 
+    def start_round(self) -> list[int]:
+        """The order to ask the sources in this round: cheapest measured drafting first, the
+        unmeasured last, ties in the union's order."""
+        return sorted(range(len(self.gates)), key=lambda k: (self._draft_s[k] is None, self._draft_s[k] or 0.0, k))
+
+    def drafted(self, source: int, seconds: float) -> None:
+        """`source` was asked this round and took `seconds` to propose."""
+        previous = self._draft_s[source]
+        self._draft_s[source] = seconds if previous is None else \
+            self.DRAFT_DECAY * previous + (1.0 - self.DRAFT_DECAY) * seconds
+
+    def draft_cost(self, source: int) -> float:
+        """`source`'s drafting time in plain steps (0 where unmeasured or the profile has no seconds)."""
+        seconds, profile = self._draft_s[source], self.profile
+        return 0.0 if seconds is None or profile.absolute_s is None else seconds / profile.absolute_at(1)
+
+    def ask(self, source: int, partial: Callable[[], CompiledRound]) -> bool:
+        """Whether to ask `source` this round, given `partial()`: the round compiled from the
+        sources asked before it (the others empty; compiled only where the answer needs it).  A
+        source that drafts for free is always asked; one that costs drafting time is asked when
+        the best round with its rows (their count taken from its last proposal) is predicted to
+        commit more tokens per plain step than the best round without them, its drafting time
+        left out of the comparison: priced in, against the round's own rate or against the
+        answer's running rate (renewal reward), it skipped the heads where they paid over several
+        rounds, and lost to asking them every round on the replayed trace sets (1.07-1.09x the
+        better source against 1.10-1.11x this way, benchmarks/heterogeneous/).  A skipped source is
+        asked again after `patience` rounds, to re-measure its worth."""
+        if not self.config.ask_by_cost or self.draft_cost(source) < self.FREE_DRAFTING or self._shape[source] is None:
+            return True
+        if self._skipped[source] >= self._patience[source]:  # explore, and wait longer next time
+            self._skipped[source] = 0
+            self._patience[source] = min(2 * self._patience[source], self.MAX_PATIENCE)
+            return True
+        if self._would_verify(source, partial()):
+            self._skipped[source], self._patience[source] = 0, self.ASK_PATIENCE
+            return True
+        self._skipped[source] += 1
+        return False
+
+    def _would_verify(self, source: int, partial: CompiledRound) -> bool:
+        own = [own_rows(partial, k) for k in range(len(self.gates))]
+        own[source] = np.zeros(partial.n, dtype=bool)
+        shape = self._shape[source]  # [D_k + 1] its rows within each depth, last proposal
+        assert shape is not None
+        deepest = [int(partial.depth[mask].max()) if mask.any() else 0 for mask in own]
+        deepest[source] = len(shape) - 1
+        if int(np.prod([top + 1 for top in deepest])) > self.MAX_COMBINATIONS:
+            return True  # too many to weigh: ask, as without the rule
+        depths = np.array(list(itertools.product(*(range(top + 1) for top in deepest))), dtype=np.int64)  # [C, S]
+        present = sum(1 << k for k, mask in enumerate(own) if mask.any()) | 1 << source
+        committed = 1.0 + self.union_expectation(depths, present)  # [C]
+        # its rows counted apart from the others' (a row both propose is priced twice: an upper bound)
+        n = 1 + self._surviving(partial, own, depths) + shape[depths[:, source]]  # [C]
+        rate = committed / self.profile.relative_many(n)  # [C]
+        without = depths[:, source] == 0
+        return bool(rate[~without].max() > rate[without].max())
+
+    @staticmethod
+    def _surviving(offered: CompiledRound, own: Sequence[np.ndarray], depths: np.ndarray) -> np.ndarray:
+        """[C] rows of `offered` that survive each depth vector depths[c] [C, S] (a row survives
+        when a source that proposed it verifies that deep)."""
+        owners = np.stack(own, axis=1)  # [N, S]
+        reach = np.where(owners[None, :, :], depths[:, None, :], -1).max(axis=2)  # [C, N]
+        return (offered.depth[None, :] <= reach).sum(axis=1)
+
     def choose(self, offered: CompiledRound, own: Sequence[np.ndarray]) -> tuple[int, ...]:
         """A depth per source for `offered` (`own` [S] of [N] bool: each source's rows)."""
         profile = self.profile
         self._present = sum(1 << s for s, mask in enumerate(own) if mask.any())
-        owners = np.stack(own, axis=1)  # [N, S]
         deepest = [int(offered.depth[mask].max()) if mask.any() else 0 for mask in own]
+        for k, mask in enumerate(own):  # what asking it again would add (`ask`)
+            if mask.any():
+                self._shape[k] = np.cumsum(np.bincount(offered.depth[mask], minlength=deepest[k] + 1))
 
         def rates(depths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # depths [C, S] -> rate, rows [C]
-            # a row survives when a source that proposed it verifies that deep
-            reach = np.where(owners[None, :, :], depths[:, None, :], -1).max(axis=2)  # [C, N]
-            n = 1 + (offered.depth[None, :] <= reach).sum(axis=1)  # [C]
+            n = 1 + self._surviving(offered, own, depths)  # [C]
             cost = profile.relative_many(n)  # [C]
             return (1.0 + self.union_expectation(depths)) / cost, n
 

@@ -38,6 +38,8 @@ class RoundRecord:
     # per proposer, in the engine's order: (its name, verified rows it proposed, accepted rows it
     # proposed); a row two sources proposed (merged by full prefix) counts for both
     by_source: tuple[tuple[str, int, int], ...] = ()
+    # the union's sources not asked this round: their drafting was predicted not to pay (`gate.SourceGate.ask`)
+    unasked: tuple[str, ...] = ()
 
     @property
     def total_seconds(self) -> float:
@@ -67,8 +69,9 @@ class GenerationStats:
     guard_plain_rounds: int = 0  # rounds the do-no-harm guard made plain steps
     shadow_rounds: int = 0  # of those, the ones that carried a shadow proposal
     # proposer -> {"rounds": rounds it proposed in, "rows": verified rows it proposed,
-    # "accepted": accepted rows it proposed, "accepted_per_round": accepted / rounds}: which source
-    # of a union pays (a row two sources proposed counts for both)
+    # "accepted": accepted rows it proposed, "accepted_per_round": accepted / rounds, "unasked":
+    # rounds a union's gate did not ask it}: which source of a union pays (a row two sources
+    # proposed counts for both)
     by_source: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -112,19 +115,22 @@ def _by_source(records: list[RoundRecord]) -> dict[str, dict[str, float]]:
     totals: dict[str, list[int]] = {}
     for record in records:
         for name, rows, accepted in record.by_source:
-            total = totals.setdefault(name, [0, 0, 0])
+            total = totals.setdefault(name, [0, 0, 0, 0])
             total[0] += rows > 0
             total[1] += rows
             total[2] += accepted
+            total[3] += name in record.unasked
     return source_summary(totals)
 
 
 def source_summary(totals: dict[str, list[int]]) -> dict[str, dict[str, float]]:
-    """proposer -> [rounds it proposed in, rows, accepted rows] as the ledger reports it (the
+    """proposer -> [rounds it proposed in, rows, accepted rows, rounds it was not asked (a
+    union's gate skipped it; absent in answers saved before)] as the ledger reports it (the
     engine's per-generation stats and the bench's per-method totals alike)."""
-    return {name: {"rounds": n, "rows": rows, "accepted": accepted,
-                   "accepted_per_round": round(accepted / n, 4) if n else 0.0}
-            for name, (n, rows, accepted) in totals.items()}
+    return {name: {"rounds": counts[0], "rows": counts[1], "accepted": counts[2],
+                   "accepted_per_round": round(counts[2] / counts[0], 4) if counts[0] else 0.0,
+                   "unasked": counts[3] if len(counts) > 3 else 0}
+            for name, counts in totals.items()}
 
 
 def _detail(records: list[RoundRecord]) -> dict[str, float]:

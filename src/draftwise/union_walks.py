@@ -14,7 +14,7 @@ This keeps the last rounds' walks instead: the published tokens walked down the 
 that matched depths 1..m tells, for ANY depth vector d, what that round would have committed:
 the deepest matched depth i <= m whose row some source with d_s >= i owns (a source's rows are
 prefix-closed, so that row's ancestors are kept too).  The estimate for d is the recency-weighted
-mean of that over the recorded walks of rounds in which the same sources proposed, blended with
+mean of that over the recorded walks of rounds in which these sources proposed, blended with
 the independent model's value at a fixed weight, which stands in where little is recorded.
 """
 
@@ -95,9 +95,14 @@ class UnionWalks:
 
     def expected(self, depths: np.ndarray, present: int) -> tuple[np.ndarray, float]:
         """([C] recency-weighted mean committed candidates for each depth vector depths[c] [C, S]
-        over the walks of rounds whose proposing sources were `present`, their total weight)."""
+        over the walks of rounds in which the sources `present` proposed, others perhaps too,
+        their total weight).  A source outside `present` is at depth 0 in every vector asked, so
+        a walk with more sources says what the present ones' rows alone would have committed: a
+        source asked in some rounds only (`SourceGate.ask`) leaves the others' estimates fed by
+        every round (kept apart by exact `present`, rounds where the heads were not asked had few
+        walks of their own, and the replay lost 2-3% on rag and extraction)."""
         if self._stacked is None or self._stacked[0] != present:
-            chosen = [walk for walk in self.walks if walk.present == present]
+            chosen = [walk for walk in self.walks if walk.present & present == present]
             if not chosen:
                 return np.zeros(depths.shape[0], dtype=np.float64), 0.0
             self._width = max(self._width, *(len(walk.owners) for walk in chosen))

@@ -251,11 +251,12 @@ def test_two_retries_in_one_second_keep_both_failure_records(tmp_path, monkeypat
 def test_per_source_acceptance_sums_over_turns_and_survives_the_answer_file():
     from dataclasses import replace
 
-    a = replace(turn([1, 2, 3], 1.0), by_source={"prompt-lookup": [2, 20, 3], "hydra": [4, 8, 2]})
+    # b was saved before the gate counted the rounds it did not ask a source (three counts)
+    a = replace(turn([1, 2, 3], 1.0), by_source={"prompt-lookup": [2, 20, 3, 0], "hydra": [4, 8, 2, 5]})
     b = replace(turn([4, 5], 1.0), by_source={"prompt-lookup": [1, 10, 0], "hydra": [2, 4, 1]})
     assert TurnOutput.from_dict(a.as_dict()).by_source == a.by_source
     m = method_metrics([answer("q1", "x", a, b)], None, check_exact=False)
     assert m.acceptance_by_source == {
-        "prompt-lookup": {"rounds": 3, "rows": 30, "accepted": 3, "accepted_per_round": 1.0},
-        "hydra": {"rounds": 6, "rows": 12, "accepted": 3, "accepted_per_round": 0.5}}
+        "prompt-lookup": {"rounds": 3, "rows": 30, "accepted": 3, "accepted_per_round": 1.0, "unasked": 0},
+        "hydra": {"rounds": 6, "rows": 12, "accepted": 3, "accepted_per_round": 0.5, "unasked": 5}}
     assert method_metrics([answer("q1", "x", turn([1], 1.0))], None, check_exact=False).acceptance_by_source is None

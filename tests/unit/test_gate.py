@@ -299,7 +299,7 @@ def test_a_source_that_only_agrees_with_the_other_is_not_verified_for_its_agreem
     assert walked[0] == pytest.approx(walked[1])  # lookup committed nothing the heads did not
 
 
-def test_union_walks_record_owners_continue_into_later_tokens_and_keep_rounds_apart():
+def test_union_walks_record_owners_continue_into_later_tokens_and_serve_their_sources_subsets():
     from draftwise.union_walks import UnionWalks
 
     import numpy as np
@@ -316,7 +316,14 @@ def test_union_walks_record_owners_continue_into_later_tokens_and_keep_rounds_ap
     depths = np.array([[0, 0], [1, 0], [0, 2], [3, 0], [2, 1]])
     expected, weight = walks.expected(depths, present=0b11)
     assert expected.tolist() == [0, 1, 1, 3, 2] and weight == 0.5
-    assert walks.expected(depths, present=0b10)[1] == 0.0  # rounds where only the heads proposed: none
+    # a round where the heads alone propose is estimated from every round they proposed in,
+    # lookup's rows left out: the heads own depth 1 only
+    assert walks.expected(np.array([[0, 2]]), present=0b10) == ([1.0], 0.5)
+    lookup_alone = union_round([[7, 8]], [])
+    walks.observe(lookup_alone, [np.ones(2, dtype=bool), np.zeros(2, dtype=bool)], [7, 8, 5])
+    assert walks.expected(depths, present=0b11)[1] == 0.25  # a round without the heads says nothing of theirs
+    expected, weight = walks.expected(np.array([[2, 0]]), present=0b01)
+    assert weight == 1.25 and expected[0] == pytest.approx((0.25 * 2 + 1.0 * 2) / 1.25)
     from draftwise.union_walks import MAX_WALKS
 
     for _ in range(MAX_WALKS + 2):

@@ -90,7 +90,7 @@ class DraftwiseExecutor:
                          for r in records),
             phase_seconds={p: sum(r.seconds.get(p, 0.0) for r in records) for p in PHASES},
             max_kv_bytes=max((r.kv_bytes for r in records), default=0),
-            by_source={name: [int(v["rounds"]), int(v["rows"]), int(v["accepted"])]
+            by_source={name: [int(v["rounds"]), int(v["rows"]), int(v["accepted"]), int(v["unasked"])]
                        for name, v in result.stats.by_source.items()},
         )
 

@@ -256,7 +256,7 @@ def _by_source(answers: list[Answer]) -> dict[str, dict[str, float]] | None:
     totals: dict[str, list[int]] = {}
     for turn in (t for a in answers for t in a.turns):
         for name, counts in (turn.by_source or {}).items():
-            total = totals.setdefault(name, [0, 0, 0])
+            total = totals.setdefault(name, [0, 0, 0, 0])
             for i, n in enumerate(counts):
                 total[i] += int(n)
     return source_summary(totals) or None

@@ -188,13 +188,14 @@ def _source_table(summary: dict) -> list[str]:
     if not rows:
         return []
     lines = ["## Which source pays (heterogeneous rounds)", "",
-             "| method | source | rounds proposing | rows verified | rows accepted | accepted per round |",
-             "|---|---|---|---|---|---|"]
+             "| method | source | rounds proposing | rows verified | rows accepted | accepted per round | rounds not asked |",
+             "|---|---|---|---|---|---|---|"]
     for name, sources in rows.items():
         for source, v in sources.items():
             lines.append(f"| {name} | {source} | {v['rounds']} | {v['rows']} | {v['accepted']} | "
-                         f"{_fmt(v['accepted_per_round'])} |")
-    return lines + ["", "A row two sources proposed (merged by full prefix) counts for both.", ""]
+                         f"{_fmt(v['accepted_per_round'])} | {v.get('unasked', 0)} |")
+    return lines + ["", "A row two sources proposed (merged by full prefix) counts for both; a source that costs "
+                    "drafting time is not asked where its rows would not be verified (`gate.SourceGate.ask`).", ""]
 
 
 def _sampled_texts(summary: dict) -> list[str]:
