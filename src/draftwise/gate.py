@@ -336,7 +336,8 @@ class SourceGate:
         when a source that proposed it verifies that deep)."""
         owners = np.stack(own, axis=1)  # [N, S]
         reach = np.where(owners[None, :, :], depths[:, None, :], -1).max(axis=2)  # [C, N]
-        return (offered.depth[None, :] <= reach).sum(axis=1)
+        surviving: np.ndarray = (offered.depth[None, :] <= reach).sum(axis=1)
+        return surviving
 
     def choose(self, offered: CompiledRound, own: Sequence[np.ndarray]) -> tuple[int, ...]:
         """A depth per source for `offered` (`own` [S] of [N] bool: each source's rows)."""
