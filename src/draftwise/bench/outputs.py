@@ -20,7 +20,8 @@ class TurnOutput:
     rounds: tuple[tuple[int, ...], ...] | None = None  # draftwise rounds, ROUND_FIELDS each
     phase_seconds: dict[str, float] | None = None  # draftwise phase -> total seconds
     max_kv_bytes: int | None = None  # the most KV a round held, committed rows included
-    # draftwise proposer -> [rounds it proposed in, verified rows it proposed, accepted rows it proposed]
+    # draftwise proposer -> [rounds it proposed in, verified rows it proposed, accepted rows it proposed,
+    # rounds a union's gate did not ask it (absent in answers saved before)]
     by_source: dict[str, list[int]] | None = None
 
     def as_dict(self) -> dict:
