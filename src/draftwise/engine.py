@@ -363,7 +363,7 @@ class SpeculativeDecoder:
         shadowed = shadows is not None and arm is Arm.PLAIN and not reads_prompt and limits.max_depth > 0 \
             and shadows.due()
         # a union's gate asks its sources cheapest first, and a source that costs drafting time
-        # only where its rows are predicted to pay for it (`SourceGate.ask`; never for a shadow)
+        # only where the gate would verify some of its rows (`SourceGate.ask`; never for a shadow)
         choosy = gate if asked and isinstance(gate, SourceGate) else None
         order = choosy.start_round() if choosy is not None else range(len(self.proposers))
         proposed_by: dict[int, ProposalResult] = {}

@@ -318,9 +318,11 @@ def test_traces_cached_from_a_busy_hour_are_timed_again_before_they_decide(tmp_p
 
 
 @pytest.mark.model
-def test_a_unions_head_member_with_tree_auto_gets_the_tree_planned_for_it_alone(smol_target, tmp_path):
+def test_a_unions_head_member_with_tree_auto_gets_the_tree_planned_for_it_alone(smol_target, tmp_path, caplog):
     """`prompt-lookup+hydra++ --set tree=auto`: the heads' tree is the one `--proposer hydra++
-    --tree auto` plans (the same cached artifacts); prompt lookup is untouched."""
+    --tree auto` plans (the same cached artifacts); prompt lookup is untouched.  Where the machine
+    was busy while the profile was measured, that profile is not cached (by design), so the second
+    plan measures again and may choose another tree: then only the union's own shape is checked."""
     from dataclasses import replace as _replace
 
     from draftwise.optimize.auto import auto_head_tree
@@ -336,6 +338,9 @@ def test_a_unions_head_member_with_tree_auto_gets_the_tree_planned_for_it_alone(
     prompts = first_turn_prompts(smol_target.chat_prompt, "humaneval:0-0")
     planned = auto_head_tree(alone, smol_target, prompts, tmp_path)  # cached: nothing measured again
     assert [c.what for c in choices] == ["tree of hydra++"]
+    if any("the machine was busy" in record.getMessage() for record in caplog.records):
+        assert resolved.proposer == "prompt-lookup" or isinstance(resolved.drafter.members[1].config.tree, TreeTemplate)
+        return
     if planned.choice.n == 1:  # no tree paid: the union is prompt lookup alone
         assert resolved.proposer == "prompt-lookup"
         return

@@ -327,6 +327,32 @@ def test_a_gated_union_in_a_batch_cuts_per_source_and_keeps_each_requests_own_ou
     assert any(record.gated for r in results for record in r.records)
 
 
+def test_a_gated_union_in_a_batch_skips_the_heads_where_their_rows_would_not_be_verified(tiny, tmp_path):
+    """The same union where every row costs a plain step (a profile with seconds, so the heads'
+    drafting time is priced): the gate would verify none of the heads' rows, so after their first
+    proposals the heads are not asked (each request's own gate decides, inside the shared rounds),
+    and every request's output is still its own alone."""
+    from draftwise.cost_profile import VerifyCostProfile
+    from draftwise.spec import GateProfile
+
+    from tests.integration.tiny_heads import random_headset, save_headset
+
+    rows = tuple(range(1, 17))
+    linear = VerifyCostProfile.from_absolute(rows, [1e-3 * n for n in rows], model=tiny.info.checkpoint,
+                                             backend="transformers", threads=1, machine="test")
+    linear.save(tmp_path / "profile")
+    heads = save_headset(tmp_path / "heads", random_headset("hydra", tiny, seed=5, num_heads=3, draft_vocab=6))
+    spec = make_spec(GREEDY, proposer="prompt-lookup+hydra", heads=heads, tree="cartesian:2,2", lookup=4,
+                     guard="false", gate=GateProfile(tmp_path / "profile"))
+    alone = [build_decoder(spec, tiny).generate(p) for p in PROMPTS]
+    results = batch_decoder(spec, TransformersBatch.from_backend(tiny, 3)).generate_many(PROMPTS)
+    assert [r.tokens for r in results] == [a.tokens for a in alone]
+    # (with 1 ms steps prompt lookup's own drafting may price above the free threshold and be skipped too)
+    unasked = sum("hydra" in record.unasked for r in results for record in r.records)
+    assert unasked > 0
+    assert unasked == sum(r.stats.by_source["hydra"]["unasked"] for r in results)  # the ledger counts them
+
+
 def test_a_batchs_plain_rounds_carry_shadow_proposals_that_the_controller_counts(tiny):
     """Prompt lookup proposes from the context alone: in a batch's plain rounds each request may
     make a shadow proposal, never verified; once the published tokens decide it, what it would
