@@ -218,7 +218,10 @@ class SourceGate:
     """
 
     MAX_COMBINATIONS = 1024  # depth vectors searched exhaustively; beyond, coordinate ascent
-    FREE_DRAFTING = 0.01  # plain steps: a source that drafts for less is always asked (prompt lookup)
+    # plain steps: a source that drafts for less is always asked.  Prompt lookup (~0.25 ms a round)
+    # is 0.004 plain steps on transformers here and ~0.015 on llama.cpp, the heads 0.16-0.22: lookup's
+    # value is in its proposal of the moment (a copy run starts), which asking it reveals for free
+    FREE_DRAFTING = 0.05
     ASK_PATIENCE = 4  # rounds a skipped source waits before it is asked again to re-measure its worth...
     MAX_PATIENCE = 32  # ...doubled each time it is still not worth asking, up to this
     DRAFT_DECAY = 0.8  # weight a drafting-time measurement keeps per later one
