@@ -306,23 +306,30 @@ def test_a_plain_round_chosen_by_the_guard_drafts_nothing(tiny, draft, drafter, 
     assert plain_rounds >= 3
 
 
+def gated_union_alone_and_in_a_batch(tiny, tmp_path, profile):
+    """prompt-lookup+hydra (random tiny heads) behind the gate priced by `profile`: each prompt
+    decoded alone, and all of them in a batch of three."""
+    from draftwise.spec import GateProfile
+
+    from tests.integration.tiny_heads import random_headset, save_headset
+
+    profile.save(tmp_path / "profile")
+    heads = save_headset(tmp_path / "heads", random_headset("hydra", tiny, seed=5, num_heads=3, draft_vocab=6))
+    spec = make_spec(GREEDY, proposer="prompt-lookup+hydra", heads=heads, tree="cartesian:2,2", lookup=4,
+                     guard="false", gate=GateProfile(tmp_path / "profile"))
+    alone = [build_decoder(spec, tiny).generate(p) for p in PROMPTS]
+    return alone, batch_decoder(spec, TransformersBatch.from_backend(tiny, 3)).generate_many(PROMPTS)
+
+
 def test_a_gated_union_in_a_batch_cuts_per_source_and_keeps_each_requests_own_output(tiny, tmp_path):
     """prompt-lookup+hydra with the gate (one acceptance model per source) in shared rounds:
     every request's output equals its own alone with the same gate; the gate cut rounds (the
     profile makes rows cost), and the batch's deeper cuts of those rounds are depth cuts."""
     from draftwise.cost_profile import VerifyCostProfile
-    from draftwise.spec import GateProfile
-
-    from tests.integration.tiny_heads import random_headset, save_headset
 
     steep = VerifyCostProfile(rows=tuple(range(1, 17)), relative=tuple([1.0, 1.02, 1.04] + [1.6] * 13), absolute_s=None,
                               model=tiny.info.checkpoint, backend="transformers", threads=1, machine="test")
-    steep.save(tmp_path / "profile")
-    heads = save_headset(tmp_path / "heads", random_headset("hydra", tiny, seed=5, num_heads=3, draft_vocab=6))
-    spec = make_spec(GREEDY, proposer="prompt-lookup+hydra", heads=heads, tree="cartesian:2,2", lookup=4,
-                     guard="false", gate=GateProfile(tmp_path / "profile"))
-    alone = [build_decoder(spec, tiny).generate(p) for p in PROMPTS]
-    results = batch_decoder(spec, TransformersBatch.from_backend(tiny, 3)).generate_many(PROMPTS)
+    alone, results = gated_union_alone_and_in_a_batch(tiny, tmp_path, steep)
     assert [r.tokens for r in results] == [a.tokens for a in alone]
     assert any(record.gated for r in results for record in r.records)
 
@@ -333,19 +340,11 @@ def test_a_gated_union_in_a_batch_skips_the_heads_where_their_rows_would_not_be_
     proposals the heads are not asked (each request's own gate decides, inside the shared rounds),
     and every request's output is still its own alone."""
     from draftwise.cost_profile import VerifyCostProfile
-    from draftwise.spec import GateProfile
-
-    from tests.integration.tiny_heads import random_headset, save_headset
 
     rows = tuple(range(1, 17))
     linear = VerifyCostProfile.from_absolute(rows, [1e-3 * n for n in rows], model=tiny.info.checkpoint,
                                              backend="transformers", threads=1, machine="test")
-    linear.save(tmp_path / "profile")
-    heads = save_headset(tmp_path / "heads", random_headset("hydra", tiny, seed=5, num_heads=3, draft_vocab=6))
-    spec = make_spec(GREEDY, proposer="prompt-lookup+hydra", heads=heads, tree="cartesian:2,2", lookup=4,
-                     guard="false", gate=GateProfile(tmp_path / "profile"))
-    alone = [build_decoder(spec, tiny).generate(p) for p in PROMPTS]
-    results = batch_decoder(spec, TransformersBatch.from_backend(tiny, 3)).generate_many(PROMPTS)
+    alone, results = gated_union_alone_and_in_a_batch(tiny, tmp_path, linear)
     assert [r.tokens for r in results] == [a.tokens for a in alone]
     # (with 1 ms steps prompt lookup's own drafting may price above the free threshold and be skipped too)
     unasked = sum("hydra" in record.unasked for r in results for record in r.records)
