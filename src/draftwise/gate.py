@@ -49,7 +49,7 @@ import numpy as np
 from draftwise.errors import InputError
 from draftwise.cost_profile import BatchCostProfile, VerifyCostProfile
 from draftwise.topology.compile import CompiledRound, cut_to_depth, keep_rows
-from draftwise.union_walks import UnionWalks
+from draftwise.union_walks import UnionWalks, proposing
 from draftwise.verify.base import IncompatibleVerifier, VerifierCapabilities, child_with_token
 
 
@@ -325,7 +325,7 @@ class SourceGate:
         if int(np.prod([top + 1 for top in deepest])) > self.MAX_COMBINATIONS:
             return True  # too many to weigh: ask, as without the rule
         depths = np.array(list(itertools.product(*(range(top + 1) for top in deepest))), dtype=np.int64)  # [C, S]
-        present = sum(1 << k for k, mask in enumerate(own) if mask.any()) | 1 << source
+        present = proposing(own) | 1 << source
         committed = 1.0 + self.union_expectation(depths, present)  # [C]
         # its rows counted apart from the others' (a row both propose is priced twice: an upper bound)
         n = 1 + self._surviving(partial, own, depths) + shape[depths[:, source]]  # [C]
@@ -345,7 +345,7 @@ class SourceGate:
     def choose(self, offered: CompiledRound, own: Sequence[np.ndarray]) -> tuple[int, ...]:
         """A depth per source for `offered` (`own` [S] of [N] bool: each source's rows)."""
         profile = self.profile
-        self._present = sum(1 << s for s, mask in enumerate(own) if mask.any())
+        self._present = proposing(own)
         deepest = [int(offered.depth[mask].max()) if mask.any() else 0 for mask in own]
         for k, mask in enumerate(own):  # what asking it again would add (`ask`)
             if mask.any():

@@ -50,6 +50,11 @@ class _Walk:
         return self._table
 
 
+def proposing(own: Sequence[np.ndarray]) -> int:
+    """Bitmask of the sources with rows in a round (`own` [S] of [N] bool: each source's rows)."""
+    return sum(1 << s for s, mask in enumerate(own) if mask.any())
+
+
 class UnionWalks:
     """Recent walks of one generation's merged rounds (`SourceGate` keeps one)."""
 
@@ -75,7 +80,7 @@ class UnionWalks:
             self._open = self._walk(*self._open, published)
         if offered is None or not offered.n or own is None:
             return
-        walk = _Walk(present=sum(1 << s for s, mask in enumerate(own) if mask.any()))
+        walk = _Walk(present=proposing(own))
         self.walks.append(walk)
         del self.walks[:-MAX_WALKS]
         self._open = self._walk(walk, offered, own, -1, published)
