@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import replace
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 from torch import nn
@@ -50,7 +50,7 @@ class LayerSkipBackend(TransformersBackend):
     the LM head's input (Kangaroo's adapter)."""
 
     def __init__(self, target: TransformersBackend, skip: SkipSet, exit: DraftExit | None = None,
-                 label: str = "layer-skip") -> None:
+                 label: str = "layer-skip", exit_key: str = "") -> None:
         config = target.model.config
         check_decoder(target.model)
         skip.check(int(config.num_hidden_layers))
@@ -65,6 +65,9 @@ class LayerSkipBackend(TransformersBackend):
         super().__init__(target.model, target.tokenizer, info)
         self.skip = skip
         self.exit = exit
+        # what makes two passes over one model the same draft: the skip set and the exit's weights
+        # (`exit_key`: the adapter's manifest hash; a batch shares one pass among its requests by it)
+        self.pass_key = f"{self.info.checkpoint}|exit:{exit_key if exit is not None else 'lm-head'}"
         self._attn_cache_kwarg = attention_cache_kwarg(target.model)
         # Kangaroo: the layer boundary whose rows a verify may reuse (None: record nothing)
         self.record_boundary: int | None = None
@@ -111,22 +114,12 @@ class LayerSkipBackend(TransformersBackend):
 
     def _skipped_pass(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
                       keep: int) -> torch.Tensor:
-        inner = self.model.model
-        x = inner.embed_tokens(input_ids)  # [1, R, d]
-        rope = inner.rotary_emb(x, positions)  # (cos, sin), each [1, R, head_dim]
         boundary = self.record_boundary
-        if boundary is None:
-            x = run_layers(self.model, x, rope, mask, self._cache, range(self.skip.depth), self.skip, self._attn_cache_kwarg)
-        else:  # keep the residual stream at the boundary of every row (Kangaroo's shallow feature)
-            x = run_layers(self.model, x, rope, mask, self._cache, range(boundary), self.skip, self._attn_cache_kwarg)
-            self._record(positions[0], x[0])
-            x = run_layers(self.model, x, rope, mask, self._cache, range(boundary, self.skip.depth), self.skip,
-                           self._attn_cache_kwarg)
-        if self.exit is None:
-            h = inner.norm(x[:, -keep:])  # [1, keep, d]
-        else:
-            h = self.exit(x, rope, mask, self._cache)[:, -keep:]  # every row feeds the adapter's own cache
-        return self.model.lm_head(h)[0]  # [keep, V]
+        # Kangaroo: keep the residual stream at the boundary of every row (its shallow feature)
+        seen = None if boundary is None else (lambda x: self._record(positions[0], x[0]))
+        logits = composed_pass(self.model, self.skip, self.exit, input_ids, positions, mask, self._cache, keep,
+                               self._attn_cache_kwarg, boundary, seen)
+        return logits[0]  # [keep, V]
 
     # ---- shallow rows (a verify forward may start at the boundary: backends/shallow_reuse.py) ----
     def _record(self, positions: torch.Tensor, x: torch.Tensor) -> None:
@@ -159,26 +152,50 @@ class LayerSkipBackend(TransformersBackend):
 def draft_pass_host(target: object) -> TransformersBackend | None:
     """The transformers backend whose loaded model a draft pass composes for `target`: the target
     itself, or, for a slot of a transformers batch (or the batch), the backend the batch shares;
-    None where there is none (llama.cpp).  A draft pass over a batch slot keeps a cache of its own
-    request's rows, like any draft pass: the weights are shared, the draft state is not."""
+    None where there is none (llama.cpp).  In a batch the requests' passes over it share one
+    composed batch (`backends/layer_skip_batch.py`): the weights are shared, each request's draft
+    rows are its own slot's."""
     if isinstance(target, TransformersBackend):
         return target
     backend = getattr(getattr(target, "batch", target), "backend", None)
     return backend if isinstance(backend, TransformersBackend) else None
 
 
+def composed_pass(model: nn.Module, skip: SkipSet, exit: DraftExit | None, input_ids: torch.Tensor,
+                  positions: torch.Tensor, mask: torch.Tensor | None, cache: object, keep: int, attn_kwarg: str,
+                  boundary: int | None = None, at_boundary: Callable[[torch.Tensor], None] | None = None,
+                  ) -> torch.Tensor:
+    """The skipped pass over input_ids and positions [B, R] (mask [B, 1, R, K] additive, or None
+    for the model's causal default of one sequence): logits [B, keep, V] of the last `keep` rows.
+    Attention appends every row to `cache` (the layers it runs, then the exit's).  `at_boundary`
+    sees the residual stream [B, R, d] after layer `boundary`."""
+    inner = model.model
+    x = inner.embed_tokens(input_ids)  # [B, R, d]
+    rope = inner.rotary_emb(x, positions)  # (cos, sin), each [B, R, head_dim]
+    split = skip.depth if boundary is None else boundary
+    x = run_layers(model, x, rope, mask, cache, range(split), skip, attn_kwarg)
+    if at_boundary is not None:
+        at_boundary(x)
+    x = run_layers(model, x, rope, mask, cache, range(split, skip.depth), skip, attn_kwarg)
+    if exit is None:
+        h = inner.norm(x[:, -keep:])  # [B, keep, d]
+    else:
+        h = exit(x, rope, mask, cache)[:, -keep:]  # every row feeds the adapter's own cache
+    return model.lm_head(h)  # type: ignore[no-any-return]  # [B, keep, V]
+
+
 def run_layers(model: nn.Module, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
                cache: object, layers: range, skip: SkipSet | None, attn_kwarg: str) -> torch.Tensor:
-    """The residual stream x [1, R, d] through `layers` of `model`, each sublayer left out where
+    """The residual stream x [B, R, d] through `layers` of `model`, each sublayer left out where
     `skip` says (None: every sublayer runs); attention appends its rows to `cache`."""
     for i in layers:
         layer = model.model.layers[i]
         if skip is None or not skip.skips_attention(i):
             attended, _ = layer.self_attn(hidden_states=layer.input_layernorm(x), position_embeddings=rope,
                                           attention_mask=mask, **{attn_kwarg: cache})
-            x = x + attended  # [1, R, d]
+            x = x + attended  # [B, R, d]
         if skip is None or not skip.skips_mlp(i):
-            x = x + layer.mlp(layer.post_attention_layernorm(x))  # [1, R, d]
+            x = x + layer.mlp(layer.post_attention_layernorm(x))  # [B, R, d]
     return x
 
 

@@ -41,7 +41,9 @@ slot) in the same shared forward: an extend (`Extend`, pending-style rows commit
 tree's first verify (`VerifyCall`) and its next level (`GrowRound`: rows that see the slot's
 provisional ancestors; after the forward they are moved next to the provisional rows, so row r
 stays at column p_i + 1 + r for `commit`).  Only an extend longer than SHARED_EXTEND_ROWS (a
-prompt) runs in a forward of its own.
+prompt) runs in a forward of its own.  A self-drafter's composed pass (layer skip, Kangaroo) is
+this class with its own forward and the layers it keeps (`_model_call`, `_held_layers`,
+`_wrap_cache`, `_unwrap_cache`: `backends/layer_skip_batch.py`).
 
 Failure.  Every check (slots, rows, context) runs before the first forward; a forward that
 raises (out of memory) leaves every tensor and every slot as they were (the cache tensors
@@ -153,7 +155,7 @@ class TransformersBatch:
         probe = DynamicCache(config=config)
         if any(getattr(layer, "is_sliding", False) for layer in probe.layers):
             raise BackendError("batched decoding on transformers needs full-attention caches (no sliding windows)")
-        self._layers = int(config.num_hidden_layers)
+        self._layers = self._held_layers()
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self._shape = (int(heads), int(head_dim))
@@ -167,6 +169,28 @@ class TransformersBatch:
     @classmethod
     def from_backend(cls, backend: TransformersBackend, max_slots: int = 8) -> "TransformersBatch":
         return cls(backend, max_slots)
+
+    # ---- the forward (a composed draft pass overrides these: backends/layer_skip_batch.py) ----
+    # a lone chain over a row cut to its committed length may leave the mask to the model's causal default
+    causal_default = True
+
+    def _held_layers(self) -> int:
+        """How many layers' K and V the cache tensors hold."""
+        return int(self.model.config.num_hidden_layers)
+
+    def _wrap_cache(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> Any:
+        return _wrap(keys, values)
+
+    def _unwrap_cache(self, cache: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        return _unwrap(cache)
+
+    def _model_call(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache: Any,
+                    keep: int, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """ids, positions [B', R], mask [B', 1, R, K] or None -> (logits [B', keep, V] of the last
+        `keep` rows, the last layer's hidden states [B', R, d] where `hidden`); appends to `cache`."""
+        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                         **{self._cache_kwarg: cache}, logits_to_keep=keep, output_hidden_states=hidden)
+        return out.logits, (out.hidden_states[-1] if hidden else None)
 
     # ---- slots ---------------------------------------------------------------------------
     @property
@@ -329,16 +353,15 @@ class TransformersBatch:
                 continue
             ids[j, : call.rows] = torch.tensor(_row_tokens(call))
             positions[j, : call.rows] = torch.from_numpy(_row_positions(committed, call))
-        plain = len(entries) == 1 and entries[0][0] == past and _is_plain(calls[0])
+        plain = self.causal_default and len(entries) == 1 and entries[0][0] == past and _is_plain(calls[0])
         mask = None if plain else self._additive(visible_rows(entries, past, width))
         first = min(len(call.unread) for call in calls)  # logits of rows [first, R) are kept
-        cache = _wrap(keys, values)
+        cache = self._wrap_cache(keys, values)
         hidden = any(state.track for state in states)
         with torch.inference_mode():
-            out = self.model(input_ids=ids.to(self.device), position_ids=positions.to(self.device),
-                             attention_mask=mask, use_cache=True, **{self._cache_kwarg: cache},
-                             logits_to_keep=width - first, output_hidden_states=hidden)
-            new_keys, new_values = _unwrap(cache)
+            out_logits, out_hidden = self._model_call(ids.to(self.device), positions.to(self.device), mask, cache,
+                                                      width - first, hidden)
+            new_keys, new_values = self._unwrap_cache(cache)
             if any(k.shape[2] != past + width for k in new_keys):
                 raise BackendError("the model did not append one KV column per row to every layer")
             if shared:
@@ -348,17 +371,17 @@ class TransformersBatch:
         logits = []
         for call, state in zip(calls, states):
             if isinstance(call, _Grow):
-                logits.append(TorchLogits(out.logits[batch_row[call.slot], : call.rows]))  # first = 0: no unread
-                self._place(call, state, past, out.hidden_states[-1][batch_row[call.slot], : call.rows]
-                            if state.track else None)
+                logits.append(TorchLogits(out_logits[batch_row[call.slot], : call.rows]))  # first = 0: no unread
+                self._place(call, state, past, out_hidden[batch_row[call.slot], : call.rows]
+                            if out_hidden is not None and state.track else None)
                 continue
             u, n = len(call.unread), call.rows - len(call.unread)
             self._move(state.row, past, state.committed, u)  # the unread rows are context: committed, whatever
             state.committed += u  # the round's outcome, so they go right after the committed prefix
             state.start, state.rows, state.round_ = past + u, n, call.round_
             j = batch_row[call.slot]
-            state.rows_hidden = out.hidden_states[-1][j, u : u + n] if state.track else None  # [n, d]
-            logits.append(TorchLogits(out.logits[j, u - first : u - first + n]))
+            state.rows_hidden = out_hidden[j, u : u + n] if out_hidden is not None and state.track else None  # [n, d]
+            logits.append(TorchLogits(out_logits[j, u - first : u - first + n]))
         return logits
 
     def _place(self, call: _Grow, state: _Slot, past: int, hidden: torch.Tensor | None) -> None:

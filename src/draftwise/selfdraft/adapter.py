@@ -64,7 +64,7 @@ class AdapterArch:
 
 
 class KangarooAdapter(nn.Module):
-    """x [1, R, d] (the residual stream after layer l) -> the LM head's input [1, R, d]."""
+    """x [B, R, d] (the residual stream after layer l) -> the LM head's input [B, R, d]."""
 
     def __init__(self, model: nn.Module, exit_layer: int) -> None:
         super().__init__()
@@ -89,7 +89,7 @@ class KangarooAdapter(nn.Module):
                 attention_mask: torch.Tensor | None, cache: object) -> torch.Tensor:
         attended, _ = self.self_attn(hidden_states=self.input_layernorm(x), position_embeddings=position_embeddings,
                                      attention_mask=attention_mask, **{self._cache_kwarg: cache})
-        return self.norm(x + attended)  # [1, R, d]
+        return self.norm(x + attended)  # [B, R, d]
 
     def cache_layers(self) -> int:
         return 1
