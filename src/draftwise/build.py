@@ -22,7 +22,7 @@ from draftwise.engine import GenerationConfig, GenerationResult, SpeculativeDeco
 from draftwise.errors import InputError
 from draftwise.gate import CostGateConfig
 from draftwise.proposers.base import Proposer
-from draftwise.proposers.family import DrafterFamily, DrafterResources
+from draftwise.proposers.family import DraftPasses, DrafterFamily, DrafterResources
 from draftwise.spec import (AutoGate, Choice, DecoderSpec, GateProfile, Guard, concrete_drafter, fitted_generation,
                             members)
 from draftwise.text_stream import TextPieces
@@ -123,8 +123,9 @@ def build(plan: Plan) -> Decoder:
     return Decoder(plan.spec, plan.requested, plan.target, plan.draft, engine, plan.choices)
 
 
-def make_proposers(spec: DecoderSpec, target: Backend, draft: Backend | None = None) -> list[Proposer]:
-    resources = DrafterResources(target, draft)
+def make_proposers(spec: DecoderSpec, target: Backend, draft: Backend | None = None,
+                   passes: DraftPasses | None = None) -> list[Proposer]:
+    resources = DrafterResources(target, draft, passes)
     return [member.family.make(member.config, resources) for member in members(concrete_drafter(spec))]
 
 
@@ -155,8 +156,8 @@ def build_decoder(spec: DecoderSpec, target: Backend, draft: Backend | None = No
 
 
 def _engine(spec: DecoderSpec, target: Backend, draft: Backend | None, gate: CostGateConfig | None,
-            ) -> SpeculativeDecoder:
-    proposers = make_proposers(spec, target, draft)
+            passes: DraftPasses | None = None) -> SpeculativeDecoder:
+    proposers = make_proposers(spec, target, draft, passes)
     verifier = make_verifier(spec.verifier, [p.contract for p in proposers], spec.generation.policy)
     generation = replace(fitted_generation(spec), gate=gate)
     return SpeculativeDecoder(verifying_target(proposers, target), proposers, verifier, generation)
@@ -167,6 +168,7 @@ def batch_decoder(spec: DecoderSpec, target: BatchBackend, draft: Backend | None
     bound for its policy, gate state) on its own slot of `target`."""
     from draftwise.backends.batch import DraftSlot, keeps_hidden
     from draftwise.backends.layer_skip import draft_pass_host
+    from draftwise.backends.layer_skip_batch import ComposedDrafts
     from draftwise.backends.load import draft_batch
 
     drafter = concrete_drafter(spec)
@@ -189,6 +191,9 @@ def batch_decoder(spec: DecoderSpec, target: BatchBackend, draft: Backend | None
         if draft is None:
             raise InputError("proposer draft-model needs a draft model (--draft MODEL)")
         drafts = draft_batch(draft, target.max_slots)
+    # the self-drafters' passes, shared: every request's draft step of a round in one composed forward
+    passes = (ComposedDrafts(target.max_slots) if composes and any(m.family.drafts_on_target for m in members(drafter))
+              else None)
     gate = gate_config(spec, target)  # the profile is read once, for every request
 
     def decoder_for(slot: Backend, config: GenerationConfig) -> SpeculativeDecoder:
@@ -197,7 +202,7 @@ def batch_decoder(spec: DecoderSpec, target: BatchBackend, draft: Backend | None
         # each request drafts on a slot of its own (its own KV), freed with it (`SpeculativeDecoder.close`)
         request_draft = DraftSlot(drafts, drafts.open()) if drafts is not None else draft
         try:
-            return _engine(replace(spec, generation=generation), slot, request_draft, gate)
+            return _engine(replace(spec, generation=generation), slot, request_draft, gate, passes)
         except BaseException:
             if isinstance(request_draft, DraftSlot):
                 request_draft.close()

@@ -148,11 +148,11 @@ def tree_levels(prefix_len: int):
     return rounds
 
 
-def draft_many_scenario(batch_type=TransformersBatch) -> int:
+def draft_many_scenario(batch_type=TransformersBatch, base=None, lone=solo_of) -> int:
     """Slots of different lengths through extends (short and prompt-long), a tree's verify and its
     next level in shared forwards, commits, a leave and a join; every call's logits equal a lone
-    backend's.  Returns the calls compared."""
-    base = tiny_backend(5)
+    backend's (`lone(base)`: a fresh one on the same weights).  Returns the calls compared."""
+    base = tiny_backend(5) if base is None else base
     batch = batch_type(base, 3)
     solo: dict[int, TransformersBackend] = {}
     checked = 0
@@ -174,7 +174,7 @@ def draft_many_scenario(batch_type=TransformersBatch) -> int:
 
     def open_slot() -> int:
         slot = batch.open()
-        solo[slot] = solo_of(base)
+        solo[slot] = lone(base)
         solo[slot].reset()
         return slot
 

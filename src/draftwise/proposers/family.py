@@ -10,7 +10,7 @@ adding a drafter is one module with a `FAMILY` plus one line there.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Iterable, TypeVar
+from typing import Any, Callable, Generic, Iterable, Protocol, TypeVar
 
 from draftwise.backends.base import Backend
 from draftwise.contracts import ProposerContract, SamplingRelation
@@ -29,12 +29,23 @@ class CandidateShape:
     branches: bool  # some node may have several children (a tree or a one-position set)
 
 
+class DraftPasses(Protocol):
+    """Where a self-drafter of a batch's request gets its draft backend: a slot on the pass every
+    request with the same skip set and exit shares (`backends.layer_skip_batch.ComposedDrafts`)."""
+
+    def slot(self, draft: Any) -> Backend:
+        """A slot, for one request, of the batch running `draft`'s composed pass."""
+
+
 @dataclass(frozen=True)
 class DrafterResources:
-    """What a factory may use: the loaded target, and the draft model where the family needs one."""
+    """What a factory may use: the loaded target, the draft model where the family needs one,
+    and in a batch the shared composed passes of the self-drafters (None alone: a request's
+    self-drafter runs its own pass)."""
 
     target: Backend
     draft: Backend | None = None
+    passes: DraftPasses | None = None
 
 
 @dataclass(frozen=True)

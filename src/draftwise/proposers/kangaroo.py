@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generator, Sequence
 
+from draftwise.backends.base import Backend
 from draftwise.backends.transformers import TransformersBackend
 from draftwise.contracts import ProposalResult, ProposerContract, SamplingRelation
 from draftwise.errors import BackendError, InputError
@@ -128,14 +129,16 @@ class KangarooProposer(SelfDraftProposer):
     (`ShallowReuseBackend`): the pending token's and every drafted token it fed, each with the
     metadata the target checks (`may_reuse`) before it reuses the row."""
 
-    def __init__(self, draft: TransformersBackend, config: KangarooConfig, target: object, checkpoint: str,
+    def __init__(self, draft: Backend, config: KangarooConfig, target: object, checkpoint: str,
                  boundary: int, identity: dict[str, object]) -> None:
         super().__init__("kangaroo", draft, config.draft_config(), None, dict(identity))
         self.target = target
         self.verifying_target: TransformersBackend | None = None  # set when the engine must verify with a view
         self.checkpoint = checkpoint
         self.boundary = boundary
-        self.reuse = config.reuse and config.tree is None and callable(getattr(target, "declare_boundary", None))
+        # a verify that starts at the boundary reuses rows a pass of this request's own recorded
+        self.reuse = (config.reuse and config.tree is None and callable(getattr(target, "declare_boundary", None))
+                      and callable(getattr(draft, "shallow_row", None)))
         if self.reuse:
             draft.record_boundary = boundary  # type: ignore[attr-defined]
             target.declare_boundary(boundary)  # type: ignore[attr-defined]
@@ -183,7 +186,8 @@ def open_kangaroo(config: KangarooConfig, resources: DrafterResources) -> SelfDr
     adapter_set.check_target(target.info.checkpoint, target.info.tokenizer_hash, target.model)
     adapter = adapter_set.build(target.model)
     arch = adapter_set.arch
-    draft = LayerSkipBackend(target, SkipSet.shallow(arch.layers, arch.exit_layer), exit=adapter, label="kangaroo")
+    draft = LayerSkipBackend(target, SkipSet.shallow(arch.layers, arch.exit_layer), exit=adapter, label="kangaroo",
+                             exit_key=adapter_set.manifest_hash)
     identity = {"adapter": adapter_set.manifest_hash, "exit_layer": arch.exit_layer, "eta": config.eta,
                 "reuse": config.reuse}
     # in a batch the slot verifies as it is: the shared forward runs every request's rows from
@@ -191,7 +195,9 @@ def open_kangaroo(config: KangarooConfig, resources: DrafterResources) -> SelfDr
     verifying: object = resources.target
     if resources.target is target and config.reuse and config.tree is None and not isinstance(target, ShallowReuseBackend):
         verifying = ShallowReuseBackend.of(target)  # the same loaded model; the engine verifies with this view
-    proposer = KangarooProposer(draft, config, verifying, target.info.checkpoint, arch.exit_layer, identity)
+    # in a batch the pass is shared: every request's draft step runs in one composed forward
+    drafting = draft if resources.passes is None else resources.passes.slot(draft)
+    proposer = KangarooProposer(drafting, config, verifying, target.info.checkpoint, arch.exit_layer, identity)
     proposer.verifying_target = None if verifying is resources.target else verifying  # type: ignore[assignment]
     return proposer
 

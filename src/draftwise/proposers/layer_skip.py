@@ -18,7 +18,7 @@ from typing import Any, Generator, Sequence
 
 import numpy as np
 
-from draftwise.backends.transformers import TransformersBackend
+from draftwise.backends.base import Backend
 from draftwise.contracts import ProposalResult, ProposerContract, SamplingRelation
 from draftwise.errors import BackendError, InputError
 from draftwise.options import option
@@ -125,7 +125,7 @@ class SelfDraftProposer:
 
     phase = "propose"
 
-    def __init__(self, name: str, draft: TransformersBackend, config: DraftConfig,
+    def __init__(self, name: str, draft: Backend, config: DraftConfig,
                  controller: GammaController | None, identity: dict[str, Any]) -> None:
         self.name = name
         self.driver = DraftModelProposer(draft, draft.info.tokenizer_hash, config)
@@ -135,8 +135,13 @@ class SelfDraftProposer:
         self._identity = identity
 
     @property
-    def draft(self) -> TransformersBackend:
-        return self.driver.draft  # type: ignore[return-value]
+    def draft(self) -> Backend:
+        """The draft pass: a `LayerSkipBackend` alone, a slot of a `LayerSkipBatch` in a batch."""
+        return self.driver.draft
+
+    def close(self) -> None:
+        """Free the request's slot on a batch's shared pass (its draft KV) when it leaves."""
+        self.driver.close()
 
     @property
     def gamma(self) -> float:
@@ -189,8 +194,10 @@ def open_layer_skip(config: LayerSkipConfig, resources: DrafterResources) -> Sel
                   else None)
     identity = {"skip": skip.bits(), "skip_source": source, "adaptive": controller is not None,
                 "gamma": config.gamma, "rule": dataclasses.asdict(config.rule), "carry": config.carry}
-    return SelfDraftProposer("layer-skip", LayerSkipBackend(target, skip), config.draft_config(config.gamma),
-                             controller, identity)
+    draft = LayerSkipBackend(target, skip)
+    # in a batch the pass is shared: every request's draft step runs in one composed forward
+    return SelfDraftProposer("layer-skip", draft if resources.passes is None else resources.passes.slot(draft),
+                             config.draft_config(config.gamma), controller, identity)
 
 
 FAMILY = DrafterFamily(
