@@ -136,9 +136,11 @@ def start(mirror: Mirror, rng: np.random.Generator, lengths: list[int]) -> list[
     return slots
 
 
-def scenario(batch_cls=TransformersBatch, seed: int = 0) -> Mirror:
-    """Four slots of different lengths: prompts, mixed rounds, a leave and a join into the freed id."""
+def scenario(batch_cls=TransformersBatch, seed: int = 0, padding=None) -> Mirror:
+    """Four slots of different lengths: prompts, mixed rounds, a leave and a join into the freed id
+    (`padding`: the batch's forwards padded by it; the lone backends never are)."""
     base = tiny_backend(seed)
+    base.row_padding = padding
     mirror = Mirror(batch_cls.from_backend(base, max_slots=4), base)
     rng = np.random.default_rng(seed)
     slots = start(mirror, rng, [3, 9, 5, 12])

@@ -39,13 +39,14 @@ def choose_backend(name: str, model: ResolvedModel) -> str:
 
 
 def load_backend(model_name: str, backend: str = "auto", threads: int | None = None, device: str = "cpu",
-                 dtype: DtypeChoice = DEFAULT_DTYPE, strict: StrictScope | None = None) -> Backend:
+                 dtype: DtypeChoice = DEFAULT_DTYPE, strict: StrictScope | None = None, pad_rows: bool = True) -> Backend:
     """A backend for `model_name`; it sizes its own per-round resources when a decoder starts.
     `dtype` is the transformers backend's (float32, bfloat16, or auto: the faster here, measured
     once and cached); llama.cpp runs the GGUF's own types and takes only the default.  `strict`
     ("chains" or "trees"): llama.cpp with the kernels whose verify rows of that shape are
     bit-identical to plain decoding's, capped at the rows the invariance probe measured exact
-    (probed on first use, cached)."""
+    (probed on first use, cached).  `pad_rows`: transformers verify forwards padded to the row
+    count measured fastest on this machine (`backends/row_padding.py`; measured once, cached)."""
     check_dtype(dtype)  # before anything is loaded
     model = resolve(model_name)
     kind = choose_backend(backend, model)
@@ -76,8 +77,15 @@ def load_backend(model_name: str, backend: str = "auto", threads: int | None = N
         chosen, _ = choose_dtype(lambda d: TransformersBackend.load(model, device=device, dtype=cast(TorchDtype, d)),
                                  model.checkpoint_id, torch.get_num_threads(), device)
         assert isinstance(chosen, TransformersBackend)
-        return chosen
-    return TransformersBackend.load(model, device=device, dtype=dtype)
+        loaded = chosen
+    else:
+        loaded = TransformersBackend.load(model, device=device, dtype=dtype)
+    if pad_rows:
+        from draftwise.backends.dtype import default_cache_root
+        from draftwise.backends.row_padding import row_padding_for
+
+        loaded.row_padding = row_padding_for(loaded, default_cache_root())
+    return loaded
 
 
 def default_threads() -> int:

@@ -26,6 +26,7 @@ from draftwise.artifacts import read_manifest, stamp_path, verify_files, write_m
 from draftwise.backends.base import (BackendError, BackendInfo, ContextOverflow, TokenWeights, check_grows, check_path,
                                      tokenizer_fingerprint)
 from draftwise.backends.dtype import CONCRETE_DTYPES, DEFAULT_DTYPE, TorchDtype, check_dtype
+from draftwise.backends.row_padding import RowPadding
 from draftwise.backends.torch_probs import policy_probs
 from draftwise.models import ResolvedModel, cache_dir
 from draftwise.sampling import SamplingPolicy
@@ -100,6 +101,8 @@ class TransformersBackend:
         self._track_context = False  # keep every committed row's hidden state (a layer over the context reads them)
         self._context: _GrowingRows | None = None  # [cached_len, d] committed rows' states; None: unknown
         self._read_hidden: torch.Tensor | None = None  # [R, d] every row of the last forward (context tracking)
+        # verify forwards padded to the row count measured fastest here (backends/row_padding.py); None: never
+        self.row_padding: RowPadding | None = None
 
     # ---- loading -------------------------------------------------------------------------
     @classmethod
@@ -136,7 +139,9 @@ class TransformersBackend:
     def fork(self) -> "TransformersBackend":
         """Another sequence on the same loaded weights: its own KV (empty until `reset`) and none of
         this one's state.  A batch gives each request's draft model one (the weights are read-only)."""
-        return TransformersBackend(self.model, self.tokenizer, self.info)
+        twin = TransformersBackend(self.model, self.tokenizer, self.info)
+        twin.row_padding = self.row_padding
+        return twin
 
     # ---- state ---------------------------------------------------------------------------
     @property
@@ -201,7 +206,11 @@ class TransformersBackend:
             self.reset()
         self._check_room(len(ids))
         before = self._committed + self._pending_rows
-        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, R]
+        rows = len(ids)
+        pad = self._padding(rows, keep, before, positions)
+        if pad:
+            ids, positions, mask = _padded(ids, positions, mask, pad)
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, R + pad]
         try:
             with torch.inference_mode():
                 out = self.model(
@@ -210,16 +219,28 @@ class TransformersBackend:
                     attention_mask=mask,
                     use_cache=True,
                     **{self._cache_kwarg: self._cache},
-                    logits_to_keep=keep,
+                    logits_to_keep=keep + pad,
                     output_hidden_states=self._track,
                 )
         except BaseException:
             self._crop_to(before)
             raise
+        if pad:
+            self._crop_to(before + rows)  # the padding rows' KV: no later row may see it
+        end = out.logits.shape[1] - pad
         # the last entry is the final norm's output, the LM head's input (checked by a test)
-        self._last_hidden = out.hidden_states[-1][0, -keep:] if self._track else None  # [keep, d]
-        self._read_hidden = out.hidden_states[-1][0] if self._track and self._track_context else None  # [R, d]
-        return out.logits[0]  # [keep, V]
+        self._last_hidden = out.hidden_states[-1][0, end - keep : end] if self._track else None  # [keep, d]
+        self._read_hidden = out.hidden_states[-1][0, :rows] if self._track and self._track_context else None  # [R, d]
+        return out.logits[0, :end]  # [keep, V]
+
+    def _padding(self, rows: int, keep: int, before: int, positions: torch.Tensor | None) -> int:
+        """Padding rows for a forward of `rows` rows that reads out `keep` (0: none).  Only a
+        forward that reads out every row is padded (a verify: its LM head is the product whose
+        price jumps), with positions given, and where the context has room for the padding."""
+        if self.row_padding is None or keep != rows or positions is None:
+            return 0
+        pad = self.row_padding.rows_for(rows) - rows
+        return pad if before + rows + pad <= self.info.context_length else 0
 
     def _crop_to(self, length: int) -> None:
         """Cut every layer back to `length` rows (an absolute length: after a forward that
@@ -368,6 +389,25 @@ def additive_mask(visible: torch.Tensor, dtype: torch.dtype, device: torch.devic
     mask = torch.zeros(visible.shape, dtype=dtype)
     mask.masked_fill_(~visible, torch.finfo(dtype).min)
     return mask.to(device)
+
+
+def _padded(ids: list[int], positions: torch.Tensor, mask: torch.Tensor | None, pad: int,
+            ) -> tuple[list[int], torch.Tensor, torch.Tensor | None]:
+    """A forward's inputs with `pad` padding rows after its R real ones: the last token again, at
+    the next positions; with an explicit mask [1, 1, R, K] no real row sees a padding row and a
+    padding row sees only itself ([1, 1, R + pad, K + pad]); under the causal default (None) the
+    real rows come first, so none sees them either."""
+    last = positions[:, -1:]  # [1, 1]
+    positions = torch.cat([positions, last + torch.arange(1, pad + 1, device=positions.device)[None]], dim=1)
+    if mask is not None:
+        rows, columns = mask.shape[-2:]
+        hidden = torch.finfo(mask.dtype).min
+        grown = torch.full((1, 1, rows + pad, columns + pad), hidden, dtype=mask.dtype, device=mask.device)
+        grown[..., :rows, :columns] = mask
+        diag = torch.arange(pad, device=mask.device)
+        grown[0, 0, rows + diag, columns + diag] = 0.0
+        mask = grown
+    return ids + [ids[-1]] * pad, positions, mask
 
 
 def kv_row_bytes(config, dtype: torch.dtype) -> int:

@@ -344,7 +344,11 @@ class TransformersBatch:
             with torch.inference_mode():
                 keys = [k[:, :, :past].index_select(0, index) for k in self._keys]
                 values = [v[:, :, :past].index_select(0, index) for v in self._values]
+        first = min(len(call.unread) for call in calls)  # logits of rows [first, R) are kept
         width = max(call.rows for call in calls)
+        padding = self.backend.row_padding
+        if padding is not None and first == 0:  # every row read out (no prompt): the LM head's product is B' x R
+            width = padding.width_for(len(entries), width)  # columns past every call's rows are padding rows
         batch_row = {call.slot: j for j, (_, call) in enumerate(entries) if call is not None}
         ids = torch.zeros((len(entries), width), dtype=torch.long)
         positions = torch.zeros((len(entries), width), dtype=torch.long)
@@ -355,7 +359,6 @@ class TransformersBatch:
             positions[j, : call.rows] = torch.from_numpy(_row_positions(committed, call))
         plain = self.causal_default and len(entries) == 1 and entries[0][0] == past and _is_plain(calls[0])
         mask = None if plain else self._additive(visible_rows(entries, past, width))
-        first = min(len(call.unread) for call in calls)  # logits of rows [first, R) are kept
         cache = self._wrap_cache(keys, values)
         hidden = any(state.track for state in states)
         with torch.inference_mode():

@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 from draftwise.artifacts import ArtifactError, read_manifest, stable_hash
 from draftwise.backends.base import Backend
 from draftwise.backends.profile import SAMPLING as PROFILE_SAMPLING, write_profile
+from draftwise.backends.row_padding import padded_rows
 from draftwise.build import build_decoder
 from draftwise.engine import GenerationConfig
 from draftwise.optimize.calibrate import (
@@ -65,6 +66,7 @@ def configuration_key(target: Backend, draft: Backend, policy: SamplingPolicy, c
         "calibration_prompts": calibration_hash(calibration_prompts),
         "backend": target.info.name,
         "dtype": target.info.dtype,  # the verify costs and the acceptance both change with it
+        "padded_rows": padded_rows(target),  # the verify costs change with it
         "draft_dtype": draft.info.dtype,
         "threads": getattr(target, "n_threads", None),
         "policy": policy.as_dict(),
@@ -130,7 +132,7 @@ def auto_gate_directory(target: Backend, max_rows: int, cache_root: Path, config
     """Where `auto_gate_profile` keeps the profile: per target, backend, dtype, thread count and shape."""
     key = {"target": target.info.checkpoint, "tokenizer_hash": target.info.tokenizer_hash, "backend": target.info.name,
            "dtype": target.info.dtype, "threads": getattr(target, "n_threads", None), "prefix_len": config.profile_prefix_len,
-           "shape": "chain" if chain else "tree"}
+           "shape": "chain" if chain else "tree", "padded_rows": padded_rows(target)}
     return Path(cache_root) / "gate" / stable_hash(key)[:20] / f"rows-{max_rows}"
 
 
@@ -155,7 +157,7 @@ def auto_batch_gate_profile(target: Backend, max_batch: int, max_rows: int, cach
     rows = tuple(n for n in BATCH_GATE_ROWS if n < max_rows) + (max_rows,)
     key = {"target": target.info.checkpoint, "tokenizer_hash": target.info.tokenizer_hash, "backend": target.info.name,
            "dtype": target.info.dtype, "threads": getattr(target, "n_threads", None), "batches": list(batches),
-           "rows": list(rows), "shape": "chain"}
+           "rows": list(rows), "shape": "chain", "padded_rows": padded_rows(target)}
     directory = Path(cache_root) / "batch_gate" / stable_hash(key)[:20]
     if artifact_matches(directory, BATCH_ARTIFACT_KIND,
                         lambda p: p.get("model") == target.info.checkpoint and p.get("backend") == target.info.name
@@ -250,13 +252,13 @@ def auto_head_tree(
            "family": drafter.family.name, "heads": heads_manifest.hash, "backend": target.info.name,
            "dtype": target.info.dtype, "threads": getattr(target, "n_threads", None), "policy": policy.as_dict(),
            "calibration_prompts": calibration_hash(calibration_prompts), "compiler": COMPILER_VERSION,
-           "config": {k: v for k, v in config.__dict__.items() if k != "max_nodes"}}
+           "config": {k: v for k, v in config.__dict__.items() if k != "max_nodes"}, "padded_rows": padded_rows(target)}
     # the acceptance does not depend on the node budget: one calibration serves every budget,
     # each budget keeps its own tree
     root = Path(cache_root) / "heads" / stable_hash(key)[:20]
     acceptance_dir, tree_dir = root / "acceptance", root / f"tree-n{config.max_nodes}"
     # the verify cost is the target's alone: every head family, set and policy shares one profile
-    profile_key = {k: key[k] for k in ("target", "tokenizer_hash", "backend", "dtype", "threads")}
+    profile_key = {k: key[k] for k in ("target", "tokenizer_hash", "backend", "dtype", "threads", "padded_rows")}
     profile_key["config"] = {"profile_prefix_len": config.profile_prefix_len, "profile_repeats": config.profile_repeats}
     profile_dir = Path(cache_root) / "heads-profile" / stable_hash(profile_key)[:20]
     ensure_profile(target, profile_dir, tuple(range(1, max(config.max_nodes, AutoTreeConfig.max_nodes) + 1)),

@@ -1,0 +1,190 @@
+"""Verify forwards padded to a cheaper row count (`backends/row_padding.py`) compute what an
+unpadded forward computes: every verify's logits (chains, trees, a tree's next level, pending
+only, hidden states) equal an unpadded twin's on the same weights, the cache holds no padding
+row afterwards (the next calls still match, and a commit keeps the same length), and greedy
+speculative decoding stays token-identical to plain decoding; in a batch the padded width
+gives every slot what a lone unpadded backend gives it.
+
+Planted faults these checks must catch: padding rows that real rows can see (a mask that
+leaves their columns open), and padding rows' KV left in the cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from draftwise.backends import transformers as transformers_module
+from draftwise.backends.row_padding import RowPadding, padded_rows
+from draftwise.backends.transformers import TransformersBackend
+from draftwise.build import build_decoder
+from draftwise.engine import GenerationConfig
+from draftwise.topology.compile import compile_round
+from tests.helpers import make_spec, path_to, result_from_paths
+from draftwise.backends.transformers_batch import TransformersBatch
+from tests.integration.test_transformers_batch import assert_same, scenario, solo_of
+from tests.integration.tiny_models import tiny_backend
+
+# 2 and 3 rows slow, 4 fast; 6 and 7 slow, 8 fast: pads 2, 3 -> 4 and 6, 7 -> 8 (the AMD EPYC's shape)
+PADDING = RowPadding((1.0, 2.2, 3.0, 1.6, 1.7, 2.5, 3.1, 1.8, 1.9, 2.0))
+
+
+class Counted(TransformersBackend):
+    """A backend that counts its padded forwards."""
+
+    padded = 0
+
+    def _padding(self, rows, keep, before, positions):
+        pad = super()._padding(rows, keep, before, positions)
+        self.padded += pad > 0
+        return pad
+
+
+def padded_twin(base: TransformersBackend, padding: RowPadding = PADDING) -> Counted:
+    twin = Counted(base.model, base.tokenizer, base.info)
+    twin.row_padding = padding
+    return twin
+
+
+def chain(prefix_len: int, tokens: list[int]):
+    return compile_round(prefix_len, [result_from_paths([tokens[: i + 1] for i in range(len(tokens))])])
+
+
+def tree(prefix_len: int, paths: list[list[int]]):
+    return compile_round(prefix_len, [result_from_paths(paths)])
+
+
+def test_the_padding_plan_used_here():
+    assert [PADDING.rows_for(m) for m in range(1, 11)] == [1, 4, 4, 4, 5, 8, 8, 8, 9, 10]
+    assert padded_rows(padded_twin(tiny_backend(0))) == {"2": 4, "3": 4, "6": 8, "7": 8}
+
+
+def run_pair(padded: TransformersBackend, plain: TransformersBackend, track: bool = False) -> int:
+    """The same calls on both backends; every logits (and hidden state) compared.  Returns the
+    calls compared."""
+    compared = 0
+    for backend in (padded, plain):
+        backend.track_hidden(track)
+        backend.reset()
+        backend.extend([1, 2, 3, 4, 5, 6, 7, 1, 2])
+
+    def both(call):
+        nonlocal compared
+        got, want = call(padded), call(plain)
+        assert_same(got, want, f"call {compared}")
+        if track:
+            assert torch.allclose(padded._rows_hidden, plain._rows_hidden, atol=1e-5)
+        compared += 1
+
+    t = plain.cached_len + 1
+    both(lambda b: b.verify(3, chain(t, [4, 5])))  # 3 rows -> 4
+    both(lambda b: b.commit([0]) or b.verify(6, None))  # pending only: 1 row, not padded
+    for b in (padded, plain):
+        b.rollback()
+    t = plain.cached_len + 1
+    first = tree(t, [[1], [2]])  # 3 rows -> 4, with a tree mask
+    grown = tree(t, [[1], [2], [1, 3], [2, 4], [2, 5], [1, 6]])  # next level: 4 rows, not padded
+    more = tree(t, [[1], [2], [1, 3], [2, 4], [2, 5], [1, 6], [1, 3, 7], [2, 4, 1]])  # 2 rows -> 4
+    both(lambda b: b.verify(5, first))
+    both(lambda b: b.verify_more(grown, first.n))
+    both(lambda b: b.verify_more(more, grown.n))
+    accepted = path_to(more, more.n - 2)
+    for b in (padded, plain):
+        b.commit(accepted)
+    assert padded.cached_len == plain.cached_len
+    t = plain.cached_len + 1
+    both(lambda b: b.verify(2, chain(t, [3, 4, 5, 6, 7])))  # 6 rows -> 8
+    for b in (padded, plain):
+        b.commit([0, 1])
+    both(lambda b: b.verify(1, chain(b.cached_len + 1, [2])))  # 2 rows -> 4, on the committed rows
+    return compared
+
+
+@pytest.mark.parametrize("track", [False, True], ids=["logits", "hidden-states"])
+def test_a_padded_backend_computes_what_an_unpadded_one_does(track):
+    base = tiny_backend(0)
+    padded = padded_twin(base)
+    assert run_pair(padded, solo_of(base), track) == 7
+    assert padded.padded == 5  # 3, 3, 2, 6 and 2 rows; the pending-only row and the level of 4 are not
+
+
+def test_padding_rows_real_rows_can_see_are_caught(monkeypatch):
+    """Planted fault: the padding rows' columns left open to the real rows of a tree."""
+    original = transformers_module._padded
+
+    def open_columns(ids, positions, mask, pad):
+        ids, positions, grown = original(ids, positions, mask, pad)
+        if grown is not None:
+            grown[..., :, -pad:] = 0.0
+        return ids, positions, grown
+
+    monkeypatch.setattr(transformers_module, "_padded", open_columns)
+    base = tiny_backend(0)
+    with pytest.raises(AssertionError, match="logits differ|argmax"):
+        run_pair(padded_twin(base), solo_of(base))
+
+
+def test_padding_rows_left_in_the_cache_are_caught():
+    base = tiny_backend(0)
+
+    class Leaky(TransformersBackend):
+        def _padding(self, rows, keep, before, positions):
+            pad = super()._padding(rows, keep, before, positions)
+            self.leak = pad
+            return pad
+
+        def _crop_to(self, length):
+            if getattr(self, "leak", 0):  # the crop right after a padded forward is skipped
+                self.leak = 0
+                return
+            super()._crop_to(length)
+
+    leaky = Leaky(base.model, base.tokenizer, base.info)
+    leaky.row_padding = PADDING
+    # caught as logits that differ, or as a tree level whose mask no longer fits the cache
+    with pytest.raises((AssertionError, RuntimeError)):
+        run_pair(leaky, solo_of(base))
+
+
+def test_greedy_speculation_with_padding_is_plain_decoding():
+    base = tiny_backend(3)
+    config = GenerationConfig(max_new_tokens=16)
+    plain = build_decoder(make_spec(config), solo_of(base)).generate([1, 2, 3, 1, 2, 3, 1, 2])
+    for options in (dict(proposer="prompt-lookup", lookup="3", guard="false"),
+                    dict(proposer="prompt-lookup", lookup="6", guard="false")):
+        padded = build_decoder(make_spec(config, **options), padded_twin(base)).generate([1, 2, 3, 1, 2, 3, 1, 2])
+        assert padded.tokens == plain.tokens
+
+
+# a batch's forwards are B' x R rows: here every count but multiples of 8 is slow, so the four
+# slots' widths 5, 7, 9 run as 6, 8, 10
+BATCH_PADDING = RowPadding(tuple((1 + 0.05 * m) * (1 if m == 1 or m % 8 == 0 else 2) for m in range(1, 41)))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_padded_batch_gives_every_slot_what_a_lone_unpadded_backend_gives(seed):
+    widths = []
+
+    class Recorded(TransformersBatch):
+        def _model_call(self, ids, positions, mask, cache, keep, hidden):
+            widths.append(tuple(ids.shape))  # [B', R]
+            return super()._model_call(ids, positions, mask, cache, keep, hidden)
+
+    mirror = scenario(Recorded, seed=seed, padding=BATCH_PADDING)
+    assert mirror.checked > 30 and mirror.batch.backend.row_padding is BATCH_PADDING
+    assert all(slot.row_padding is None for slot in mirror.solo.values())
+    padded, widths[:] = list(widths), []
+    scenario(Recorded, seed=seed)  # the same calls unpadded
+    widened = [(p, w) for p, w in zip(padded, widths) if p != w]
+    assert widened and all(p[0] == w[0] and p[1] > w[1] and p[0] * p[1] % 8 == 0 for p, w in widened)
+
+
+def test_no_padding_past_the_measured_counts_or_the_context():
+    base = padded_twin(tiny_backend(0))
+    assert base._padding(11, 11, 0, torch.zeros(1, 11)) == 0  # 11 rows: past the 10 measured
+    assert base._padding(3, 1, 0, torch.zeros(1, 3)) == 0  # an extend reads one row out: not padded
+    assert base._padding(3, 3, 0, None) == 0  # positions left to the model: not padded
+    room = base.info.context_length
+    assert base._padding(3, 3, room - 3, torch.zeros(1, 3)) == 0  # no room for the padding rows
+    assert base._padding(3, 3, room - 4, torch.zeros(1, 3)) == 1
+    assert np.isfinite(PADDING.seconds).all()
