@@ -1,0 +1,138 @@
+"""Verify forwards padded to the row count measured fastest (`backends/row_padding.py`) against
+the same decoders unpadded, side by side on one loaded model (transformers, float32).
+
+Each method decodes the first turn of every question of the workload with padding on and off
+(the same loaded target, its `row_padding` set or cleared between runs; each arm's gate profile
+is its own, as the gate caches key on the padding), interleaved by question, the arm that goes
+first alternating; `--repeats` passes.  Per method and arm: tok/s over the workload (median of
+the passes, range), the ratio on/off per pass, and every output compared with plain decoding's
+(token identity at temperature 0).  Writes results.json and report.md.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/row_padding/ab.py \\
+        --out "$(bash benchmarks/peers/run_dir.sh row_padding ab)"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from draftwise.api import open_decoder
+from draftwise.backends.load import load_backend
+from draftwise.backends.profile import machine_description
+from draftwise.engine import GenerationConfig
+from draftwise.parse import spec_from_options
+from draftwise.spec import DecoderSpec
+from draftwise.timing import noise_check
+from draftwise.workloads import first_turn_prompts
+
+METHODS = {
+    "plain": {"proposer": "none"},
+    "lookup": {"proposer": "prompt-lookup", "guard": "false"},
+    "lookup-gate": {"proposer": "prompt-lookup", "gate": "auto"},
+}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--workload", default="humaneval:0-7")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--max-new", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", required=True, type=Path)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(args.threads)
+    target = load_backend(args.target, "transformers", args.threads)
+    padding = target.row_padding
+    assert padding is not None
+    print(f"row padding here: {padding.describe()}", flush=True)
+    prompts = first_turn_prompts(target.chat_prompt, args.workload)
+    methods = args.methods.split(",")
+    base = DecoderSpec(target=args.target, backend="transformers", threads=args.threads,
+                       generation=GenerationConfig(max_new_tokens=args.max_new))
+    decoders = {}
+    for arm, plan in (("on", padding), ("off", None)):
+        target.row_padding = plan
+        for method in methods:  # planned with this arm's padding: its own gate profile and trees
+            decoders[method, arm] = open_decoder(spec_from_options(METHODS[method], base),
+                                                 loader=lambda *_: target)
+    probe = prompts[0][:32]
+
+    def step() -> None:  # a fixed one-row decode step, repeated: how steady the machine is
+        target.reset()
+        target.extend(probe)
+
+    noise = {"start": noise_check(step).describe()}
+    print(f"noise check at the start: {noise['start']}", flush=True)
+    cells: list[dict] = []
+    for repeat in range(args.repeats):
+        totals = {(m, a): [0, 0.0] for m in methods for a in ("on", "off")}
+        outputs: dict[tuple[str, str], list[list[int]]] = {key: [] for key in totals}
+        for i, prompt in enumerate(prompts):
+            for method in methods:
+                for arm in (("on", "off") if (i + repeat) % 2 == 0 else ("off", "on")):
+                    target.row_padding = padding if arm == "on" else None
+                    start = time.perf_counter()
+                    result = decoders[method, arm].engine.generate(prompt)
+                    totals[method, arm][0] += len(result.tokens)
+                    totals[method, arm][1] += time.perf_counter() - start
+                    outputs[method, arm].append(list(result.tokens))
+        for (method, arm), (tokens, seconds) in totals.items():
+            same = sum(o == p for o, p in zip(outputs[method, arm], outputs["plain", "off"])) if "plain" in methods else None
+            cells.append({"method": method, "arm": arm, "repeat": repeat, "tokens": tokens, "seconds": seconds,
+                          "tok_s": tokens / seconds, "same_as_plain": same, "prompts": len(prompts)})
+            print(f"r{repeat} {method:12s} {arm:3s}: {tokens / seconds:6.2f} tok/s, {same}/{len(prompts)} plain's text",
+                  flush=True)
+    noise["end"] = noise_check(step).describe()
+    print(f"noise check at the end: {noise['end']}", flush=True)
+    rows = []
+    for method in methods:
+        row: dict = {"method": method}
+        for arm in ("on", "off"):
+            values = [c["tok_s"] for c in cells if c["method"] == method and c["arm"] == arm]
+            row[arm] = {"median": statistics.median(values), "range": [min(values), max(values)]}
+        ratios = [on["tok_s"] / off["tok_s"] for on, off in
+                  zip([c for c in cells if c["method"] == method and c["arm"] == "on"],
+                      [c for c in cells if c["method"] == method and c["arm"] == "off"])]
+        row["on_over_off"] = {"median": statistics.median(ratios), "range": [min(ratios), max(ratios)]}
+        row["same_as_plain"] = [c["same_as_plain"] for c in cells if c["method"] == method]
+        rows.append(row)
+    plain_off = next((r["off"]["median"] for r in rows if r["method"] == "plain"), None)
+    (args.out / "results.json").write_text(json.dumps({
+        "args": {k: str(v) for k, v in vars(args).items()}, "machine": machine_description(),
+        "padding": padding.as_dict(), "padding_described": padding.describe(), "noise": noise,
+        "cells": cells, "rows": rows}, indent=1))
+    lines = [f"# Row padding on/off ({args.target}, transformers float32, {args.workload} first turns, "
+             f"{args.max_new} new tokens, {args.threads} threads, {args.repeats} interleaved passes)", "",
+             f"Machine: {machine_description()}.  Padding measured here: {padding.describe()}.",
+             f"Noise check: start {noise['start']}; end {noise['end']}.", "",
+             "| method | padded tok/s (range) | unpadded tok/s (range) | padded / unpadded per pass (median, range) "
+             "| padded x plain unpadded | turns equal to plain's (per cell) |", "|---|---|---|---|---|---|"]
+    for row in rows:
+        on, off, ratio = row["on"], row["off"], row["on_over_off"]
+        versus = f"{on['median'] / plain_off:.2f}x" if plain_off else "-"
+        lines.append(f"| {row['method']} | {on['median']:.2f} ({on['range'][0]:.2f}-{on['range'][1]:.2f}) | "
+                     f"{off['median']:.2f} ({off['range'][0]:.2f}-{off['range'][1]:.2f}) | "
+                     f"{ratio['median']:.3f} ({ratio['range'][0]:.3f}-{ratio['range'][1]:.3f}) | {versus} | "
+                     f"{row['same_as_plain']} |")
+    (args.out / "report.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
