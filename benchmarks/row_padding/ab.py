@@ -37,6 +37,7 @@ METHODS = {
     "plain": {"proposer": "none"},
     "lookup": {"proposer": "prompt-lookup", "guard": "false"},
     "lookup-gate": {"proposer": "prompt-lookup", "gate": "auto"},
+    "lookup-gate-b4": {"proposer": "prompt-lookup", "gate": "auto", "batch": "4"},  # the batch-aware gate
 }
 
 
@@ -48,6 +49,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--concurrency", type=int, default=1,
+                    help="B > 1: every method decodes the workload B requests at a time (closed loop, "
+                         "`Decoder.batch(B).generate_many`), one cell per method and arm")
     ap.add_argument("--out", required=True, type=Path)
     return ap.parse_args(argv)
 
@@ -83,15 +87,21 @@ def main(argv: list[str]) -> None:
     for repeat in range(args.repeats):
         totals = {(m, a): [0, 0.0] for m in methods for a in ("on", "off")}
         outputs: dict[tuple[str, str], list[list[int]]] = {key: [] for key in totals}
-        for i, prompt in enumerate(prompts):
+        # alone: interleaved by question; in batches: by method (a cell is the whole workload)
+        for i, group in (enumerate([[p] for p in prompts]) if args.concurrency == 1 else [(0, prompts)]):
             for method in methods:
                 for arm in (("on", "off") if (i + repeat) % 2 == 0 else ("off", "on")):
                     target.row_padding = padding if arm == "on" else None
+                    decoder = decoders[method, arm]
                     start = time.perf_counter()
-                    result = decoders[method, arm].engine.generate(prompt)
-                    totals[method, arm][0] += len(result.tokens)
+                    results = ([decoder.engine.generate(group[0])] if args.concurrency == 1 else
+                               decoder.batch(args.concurrency).generate_many(group))
                     totals[method, arm][1] += time.perf_counter() - start
-                    outputs[method, arm].append(list(result.tokens))
+                    for result in results:
+                        if isinstance(result, BaseException):
+                            raise result
+                        totals[method, arm][0] += len(result.tokens)
+                        outputs[method, arm].append(list(result.tokens))
         for (method, arm), (tokens, seconds) in totals.items():
             same = sum(o == p for o, p in zip(outputs[method, arm], outputs["plain", "off"])) if "plain" in methods else None
             cells.append({"method": method, "arm": arm, "repeat": repeat, "tokens": tokens, "seconds": seconds,
@@ -117,8 +127,9 @@ def main(argv: list[str]) -> None:
         "args": {k: str(v) for k, v in vars(args).items()}, "machine": machine_description(),
         "padding": padding.as_dict(), "padding_described": padding.describe(), "noise": noise,
         "cells": cells, "rows": rows}, indent=1))
+    batch = f", {args.concurrency} requests in flight" if args.concurrency > 1 else ""
     lines = [f"# Row padding on/off ({args.target}, transformers float32, {args.workload} first turns, "
-             f"{args.max_new} new tokens, {args.threads} threads, {args.repeats} interleaved passes)", "",
+             f"{args.max_new} new tokens, {args.threads} threads{batch}, {args.repeats} interleaved passes)", "",
              f"Machine: {machine_description()}.  Padding measured here: {padding.describe()}.",
              f"Noise check: start {noise['start']}; end {noise['end']}.", "",
              "| method | padded tok/s (range) | unpadded tok/s (range) | padded / unpadded per pass (median, range) "

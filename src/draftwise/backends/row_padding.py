@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 ARTIFACT_KIND = "row_padding"
 DEFAULT_MAX_ROWS = 24  # a prompt-lookup chain of 10 is 11 rows, the gate's and planner's trees stay under 24
 DEFAULT_MARGIN = 0.05  # a padded forward must be this much faster: within noise, compute what was asked
+MEASURED_AS = "products of a forward, fastest of 5 passes"  # in the cache key: another method, another plan
 
 
 @dataclass(frozen=True)
@@ -96,11 +97,12 @@ class RowPadding:
 
 
 def measure_products(model: Any, max_rows: int = DEFAULT_MAX_ROWS, passes: int = 5) -> tuple[tuple[float, ...], float]:
-    """Median seconds of the matrix products of a forward of M rows, M = 1 .. max_rows: the LM
-    head over M rows plus every linear layer of the first decoder layer over M rows, times the
-    number of layers (the products are what a BLAS prices by M; the rest of a forward grows
-    smoothly with M).  `passes` interleaved passes after one untimed; also the median over M of
-    the passes' coefficient of variation (the noise of the measurement)."""
+    """Seconds of the matrix products of a forward of M rows, M = 1 .. max_rows: the LM head
+    over M rows plus every linear layer of the first decoder layer over M rows, times the number
+    of layers (the products are what a BLAS prices by M; the rest of a forward grows smoothly
+    with M).  The fastest of `passes` interleaved passes after one untimed (a shared machine only
+    ever adds time: the floor is the kernel's own price, where a median moves with the load);
+    also the median over M of the passes' coefficient of variation (the noise of the measurement)."""
     import torch
     from torch import nn
 
@@ -124,9 +126,9 @@ def measure_products(model: Any, max_rows: int = DEFAULT_MAX_ROWS, passes: int =
                 done = time.perf_counter()
                 if sweep:
                     samples[int(m)].append((at_head - start) + len(layers) * (done - at_head))
-    medians = tuple(float(np.median(samples[m])) for m in range(1, max_rows + 1))
+    floors = tuple(float(np.min(samples[m])) for m in range(1, max_rows + 1))
     cvs = [float(np.std(s, ddof=1) / np.mean(s)) for s in samples.values() if len(s) > 1]
-    return medians, float(np.median(cvs)) if cvs else 0.0
+    return floors, float(np.median(cvs)) if cvs else 0.0
 
 
 def row_padding_key(checkpoint: str, dtype: str, threads: int, device: str, max_rows: int) -> dict:
@@ -136,7 +138,8 @@ def row_padding_key(checkpoint: str, dtype: str, threads: int, device: str, max_
     from draftwise.backends.profile import machine_description
 
     return {"checkpoint": checkpoint, "dtype": dtype, "threads": int(threads), "device": device,
-            "machine": machine_description(), "torch": torch.__version__, "max_rows": int(max_rows)}
+            "machine": machine_description(), "torch": torch.__version__, "max_rows": int(max_rows),
+            "measured_as": MEASURED_AS}
 
 
 def cached_row_padding(directory: Path, key: dict) -> RowPadding | None:
