@@ -171,7 +171,7 @@ def test_a_padded_batch_gives_every_slot_what_a_lone_unpadded_backend_gives(seed
             return super()._model_call(ids, positions, mask, cache, keep, hidden)
 
     mirror = scenario(Recorded, seed=seed, padding=BATCH_PADDING)
-    assert mirror.checked > 30 and mirror.batch.backend.row_padding is BATCH_PADDING
+    assert mirror.checked > 30 and mirror.batch.row_padding is BATCH_PADDING
     assert all(slot.row_padding is None for slot in mirror.solo.values())
     padded, widths[:] = list(widths), []
     scenario(Recorded, seed=seed)  # the same calls unpadded
@@ -188,3 +188,8 @@ def test_no_padding_past_the_measured_counts_or_the_context():
     assert base._padding(3, 3, room - 3, torch.zeros(1, 3)) == 0  # no room for the padding rows
     assert base._padding(3, 3, room - 4, torch.zeros(1, 3)) == 1
     assert np.isfinite(PADDING.seconds).all()
+
+
+def test_a_batch_does_not_take_its_models_single_sequence_plan():
+    base = padded_twin(tiny_backend(0))
+    assert TransformersBatch.from_backend(base, 2).row_padding is None

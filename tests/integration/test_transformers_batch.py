@@ -140,8 +140,8 @@ def scenario(batch_cls=TransformersBatch, seed: int = 0, padding=None) -> Mirror
     """Four slots of different lengths: prompts, mixed rounds, a leave and a join into the freed id
     (`padding`: the batch's forwards padded by it; the lone backends never are)."""
     base = tiny_backend(seed)
-    base.row_padding = padding
     mirror = Mirror(batch_cls.from_backend(base, max_slots=4), base)
+    mirror.batch.row_padding = padding
     rng = np.random.default_rng(seed)
     slots = start(mirror, rng, [3, 9, 5, 12])
     run_rounds(mirror, rng, slots, 3)

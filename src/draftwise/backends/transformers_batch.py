@@ -59,6 +59,7 @@ import numpy as np
 import torch
 
 from draftwise.backends.base import BackendInfo, ContextOverflow, TokenWeights, check_grows, check_path
+from draftwise.backends.row_padding import RowPadding
 from draftwise.backends.batch import DraftCall, Extend, GrowRound, VerifyCall, check_calls
 from draftwise.backends.transformers import (TorchLogits, TransformersBackend, _cache_kwarg, _is_chain, additive_mask,
                                              kv_row_bytes)
@@ -169,6 +170,12 @@ class TransformersBatch:
     @classmethod
     def from_backend(cls, backend: TransformersBackend, max_slots: int = 8) -> "TransformersBatch":
         return cls(backend, max_slots)
+
+    # Row padding (backends/row_padding.py) is the single backend's: its plan prices a forward's
+    # products alone, and in a batch every padding row also attends over its slot's context and
+    # widens every slot's cache; padded by it, plain batched decoding ran 0.95x and the batch-aware
+    # gate 0.80x at B = 2 (benchmarks/row_padding/).  A batch pads only when given a plan of its own.
+    row_padding: RowPadding | None = None
 
     # ---- the forward (a composed draft pass overrides these: backends/layer_skip_batch.py) ----
     # a lone chain over a row cut to its committed length may leave the mask to the model's causal default
@@ -346,7 +353,7 @@ class TransformersBatch:
                 values = [v[:, :, :past].index_select(0, index) for v in self._values]
         first = min(len(call.unread) for call in calls)  # logits of rows [first, R) are kept
         width = max(call.rows for call in calls)
-        padding = self.backend.row_padding
+        padding = self.row_padding
         if padding is not None and first == 0:  # every row read out (no prompt): the LM head's product is B' x R
             width = padding.width_for(len(entries), width)  # columns past every call's rows are padding rows
         batch_row = {call.slot: j for j, (_, call) in enumerate(entries) if call is not None}
