@@ -193,3 +193,22 @@ def test_no_padding_past_the_measured_counts_or_the_context():
 def test_a_batch_does_not_take_its_models_single_sequence_plan():
     base = padded_twin(tiny_backend(0))
     assert TransformersBatch.from_backend(base, 2).row_padding is None
+
+
+def test_the_hidden_states_kept_are_the_rows_read_out():
+    """The frontier after an extend (one row read out of several) and after a padded verify is
+    the final norm's output of the model's own forward at that row.  (Planted in review: an
+    index that took the first rows instead of the last read a prompt's first row.)"""
+    base = padded_twin(tiny_backend(0))
+    base.track_hidden(True)
+    base.reset()
+    tokens = [1, 2, 3, 4, 5, 6, 7, 1, 2]
+    base.extend(tokens)
+    with torch.inference_mode():
+        own = base.model(input_ids=torch.tensor([tokens]), output_hidden_states=True).hidden_states[-1][0]  # [9, d]
+    assert np.allclose(base.frontier_hidden(), own[-1].numpy(), atol=1e-5)
+    base.verify(3, chain(base.cached_len + 1, [4, 5]))  # 3 rows, padded to 4
+    base.commit([0, 1])
+    with torch.inference_mode():
+        own = base.model(input_ids=torch.tensor([tokens + [3, 4, 5]]), output_hidden_states=True).hidden_states[-1][0]
+    assert base.padded == 1 and np.allclose(base.frontier_hidden(), own[-1].numpy(), atol=1e-5)

@@ -227,11 +227,11 @@ class TransformersBackend:
             raise
         if pad:
             self._crop_to(before + rows)  # the padding rows' KV: no later row may see it
-        end = out.logits.shape[1] - pad
-        # the last entry is the final norm's output, the LM head's input (checked by a test)
-        self._last_hidden = out.hidden_states[-1][0, end - keep : end] if self._track else None  # [keep, d]
+        # the last entry is the final norm's output, the LM head's input (checked by a test); the
+        # kept rows are the last `keep` of the R real ones, the padding rows come after them
+        self._last_hidden = out.hidden_states[-1][0, rows - keep : rows] if self._track else None  # [keep, d]
         self._read_hidden = out.hidden_states[-1][0, :rows] if self._track and self._track_context else None  # [R, d]
-        return out.logits[0, :end]  # [keep, V]
+        return out.logits[0, :keep]  # [keep, V]
 
     def _padding(self, rows: int, keep: int, before: int, positions: torch.Tensor | None) -> int:
         """Padding rows for a forward of `rows` rows that reads out `keep` (0: none).  Only a
