@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -33,7 +33,7 @@ from draftwise.backends.batch import VerifyCall
 from draftwise.backends.llamacpp import LlamaCppBackend
 from draftwise.backends.llamacpp_multi import LlamaCppBatch
 from draftwise.models import resolve
-from draftwise.timing import noise_check
+from draftwise.timing import Spread, noise_check
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -113,30 +113,24 @@ def main(argv: list[str]) -> None:
     print(f"noise check at the end: {noise['end']}", flush=True)
     rows = []
     for b in batches:
-        row: dict = {"batch": b}
-        for who in ("ours", "llama-batched-bench"):
-            mine = [c for c in cells if c["batch"] == b and c["who"] == who]
-            row[who] = {key: {"median": statistics.median(c[key] for c in mine),
-                              "range": [min(c[key] for c in mine), max(c[key] for c in mine)]}
-                        for key in ("s_tg", "s_pp")}
-        pairs = [(o["s_tg"] / n["s_tg"]) for o, n in zip([c for c in cells if c["batch"] == b and c["who"] == "ours"],
-                                                         [c for c in cells if c["batch"] == b and c["who"] != "ours"])]
-        row["ours_over_native_tg"] = {"median": statistics.median(pairs), "range": [min(pairs), max(pairs)]}
-        rows.append(row)
+        mine = {who: [c for c in cells if c["batch"] == b and c["who"] == who] for who in ("ours", "llama-batched-bench")}
+        spreads = {who: {key: Spread.of([c[key] for c in got]) for key in ("s_tg", "s_pp")} for who, got in mine.items()}
+        ratio = Spread.of([o["s_tg"] / n["s_tg"] for o, n in zip(mine["ours"], mine["llama-batched-bench"])])
+        rows.append({"batch": b, "spreads": spreads, "ratio": ratio})
+    summary = [{"batch": r["batch"], "ours_over_native_tg": asdict(r["ratio"]),
+                **{who: {key: asdict(v) for key, v in got.items()} for who, got in r["spreads"].items()}} for r in rows]
     (args.out / "results.json").write_text(json.dumps({
         "args": {k: str(v) for k, v in vars(args).items()}, "machine": platform.processor() or platform.machine(),
-        "gguf": model.path, "noise": noise, "cells": cells, "rows": rows}, indent=1))
+        "gguf": model.path, "noise": noise, "cells": cells, "rows": summary}, indent=1))
     lines = [f"# Plain multi-sequence decode: draftwise's LlamaCppBatch against llama-batched-bench "
              f"({args.model}, PP = {args.npp}, TG = {args.ntg}, {args.threads} threads, {args.repeats} repeats)", "",
              f"Noise check: start {noise['start']}; end {noise['end']}.", "",
              "| B | ours S_TG t/s (range) | llama-batched-bench S_TG t/s (range) | ours / native (per repeat: median, range) "
              "| ours S_PP t/s | native S_PP t/s |", "|---|---|---|---|---|---|"]
-    for row in rows:
-        o, n, r = row["ours"], row["llama-batched-bench"], row["ours_over_native_tg"]
-        lines.append(f"| {row['batch']} | {o['s_tg']['median']:.1f} ({o['s_tg']['range'][0]:.1f}-{o['s_tg']['range'][1]:.1f}) "
-                     f"| {n['s_tg']['median']:.1f} ({n['s_tg']['range'][0]:.1f}-{n['s_tg']['range'][1]:.1f}) "
-                     f"| {r['median']:.3f} ({r['range'][0]:.3f}-{r['range'][1]:.3f}) "
-                     f"| {o['s_pp']['median']:.0f} | {n['s_pp']['median']:.0f} |")
+    for r in rows:
+        us, them = r["spreads"]["ours"], r["spreads"]["llama-batched-bench"]
+        lines.append(f"| {r['batch']} | {us['s_tg'].cell(1)} | {them['s_tg'].cell(1)} | {r['ratio'].cell(3)} "
+                     f"| {us['s_pp'].median:.0f} | {them['s_pp'].median:.0f} |")
     (args.out / "report.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -32,7 +32,7 @@ from draftwise.build import make_proposers
 from draftwise.engine import GenerationConfig
 from draftwise.parse import spec_from_options
 from draftwise.spec import DecoderSpec
-from draftwise.timing import noise_check
+from draftwise.timing import Spread, noise_check
 from draftwise.workloads import first_turn_prompts
 
 SKIP_SET = "benchmarks/self_speculation/skip_sets/skip-smollm2-135m"
@@ -117,25 +117,24 @@ def main(argv: list[str]) -> None:
     for b in batches:
         row: dict = {"batch": b}
         for mode in MODES:
-            ms = [c["ms"] for c in cells if c["batch"] == b and c["mode"] == mode]
-            row[mode] = {"median_ms": statistics.median(ms), "runs_ms": [round(x, 1) for x in ms]}
+            row[mode] = Spread.of([c["ms"] for c in cells if c["batch"] == b and c["mode"] == mode])
         pair = [next(c for c in cells if c["batch"] == b and c["mode"] == m) for m in MODES]
         row["max_abs_logit_diff"] = float((pair[0]["last_logits"] - pair[1]["last_logits"]).abs().max())
         row["argmax_equal"] = pair[0]["last_argmax"] == pair[1]["last_argmax"]
-        row["per_request_over_batched"] = row["per-request"]["median_ms"] / row["batched"]["median_ms"]
+        row["per_request_over_batched"] = row["per-request"].median / row["batched"].median
         rows.append(row)
     for cell in cells:
         del cell["last_logits"]
     (args.out / "results.json").write_text(json.dumps({
         "args": {k: str(v) for k, v in vars(args).items()}, "machine": platform.processor() or platform.machine(),
-        "noise": noise, "cells": cells, "rows": rows}, indent=1))
+        "noise": noise, "cells": cells,
+        "rows": [{k: asdict(v) if isinstance(v, Spread) else v for k, v in row.items()} for row in rows]}, indent=1))
     lines = [f"# {args.proposer}: {args.k} draft steps for B requests ({args.target}, {args.threads} threads)", "",
              f"Noise check: start {noise['start']}; end {noise['end']}.", "",
-             "| B | batched ms (runs) | per-request ms (runs) | per-request / batched | last step: max abs logit diff, argmax equal |",
-             "|---|---|---|---|---|"]
+             "| B | batched ms (range) | per-request ms (range) | per-request / batched | last step: max abs logit diff, "
+             "argmax equal |", "|---|---|---|---|---|"]
     for row in rows:
-        lines.append(f"| {row['batch']} | {row['batched']['median_ms']:.1f} ({row['batched']['runs_ms']}) | "
-                     f"{row['per-request']['median_ms']:.1f} ({row['per-request']['runs_ms']}) | "
+        lines.append(f"| {row['batch']} | {row['batched'].cell(1)} | {row['per-request'].cell(1)} | "
                      f"{row['per_request_over_batched']:.2f}x | {row['max_abs_logit_diff']:.2e}, {row['argmax_equal']} |")
     (args.out / "report.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

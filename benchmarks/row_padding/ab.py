@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 import logging
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,7 +30,7 @@ from draftwise.backends.profile import machine_description
 from draftwise.engine import GenerationConfig
 from draftwise.parse import spec_from_options
 from draftwise.spec import DecoderSpec
-from draftwise.timing import noise_check
+from draftwise.timing import Spread, noise_check
 from draftwise.workloads import first_turn_prompts
 
 METHODS = {
@@ -112,21 +112,16 @@ def main(argv: list[str]) -> None:
     print(f"noise check at the end: {noise['end']}", flush=True)
     rows = []
     for method in methods:
-        row: dict = {"method": method}
-        for arm in ("on", "off"):
-            values = [c["tok_s"] for c in cells if c["method"] == method and c["arm"] == arm]
-            row[arm] = {"median": statistics.median(values), "range": [min(values), max(values)]}
-        ratios = [on["tok_s"] / off["tok_s"] for on, off in
-                  zip([c for c in cells if c["method"] == method and c["arm"] == "on"],
-                      [c for c in cells if c["method"] == method and c["arm"] == "off"])]
-        row["on_over_off"] = {"median": statistics.median(ratios), "range": [min(ratios), max(ratios)]}
-        row["same_as_plain"] = [c["same_as_plain"] for c in cells if c["method"] == method]
-        rows.append(row)
-    plain_off = next((r["off"]["median"] for r in rows if r["method"] == "plain"), None)
+        mine = {arm: [c for c in cells if c["method"] == method and c["arm"] == arm] for arm in ("on", "off")}
+        rows.append({"method": method, **{arm: Spread.of([c["tok_s"] for c in got]) for arm, got in mine.items()},
+                     "on_over_off": Spread.of([on["tok_s"] / off["tok_s"] for on, off in zip(mine["on"], mine["off"])]),
+                     "same_as_plain": [c["same_as_plain"] for c in cells if c["method"] == method]})
+    plain_off = next((r["off"].median for r in rows if r["method"] == "plain"), None)
+    summary = [{k: asdict(v) if isinstance(v, Spread) else v for k, v in row.items()} for row in rows]
     (args.out / "results.json").write_text(json.dumps({
         "args": {k: str(v) for k, v in vars(args).items()}, "machine": machine_description(),
         "padding": padding.as_dict(), "padding_described": padding.describe(), "noise": noise,
-        "cells": cells, "rows": rows}, indent=1))
+        "cells": cells, "rows": summary}, indent=1))
     batch = f", {args.concurrency} requests in flight" if args.concurrency > 1 else ""
     lines = [f"# Row padding on/off ({args.target}, transformers float32, {args.workload} first turns, "
              f"{args.max_new} new tokens, {args.threads} threads{batch}, {args.repeats} interleaved passes)", "",
@@ -135,12 +130,9 @@ def main(argv: list[str]) -> None:
              "| method | padded tok/s (range) | unpadded tok/s (range) | padded / unpadded per pass (median, range) "
              "| padded x plain unpadded | turns equal to plain's (per cell) |", "|---|---|---|---|---|---|"]
     for row in rows:
-        on, off, ratio = row["on"], row["off"], row["on_over_off"]
-        versus = f"{on['median'] / plain_off:.2f}x" if plain_off else "-"
-        lines.append(f"| {row['method']} | {on['median']:.2f} ({on['range'][0]:.2f}-{on['range'][1]:.2f}) | "
-                     f"{off['median']:.2f} ({off['range'][0]:.2f}-{off['range'][1]:.2f}) | "
-                     f"{ratio['median']:.3f} ({ratio['range'][0]:.3f}-{ratio['range'][1]:.3f}) | {versus} | "
-                     f"{row['same_as_plain']} |")
+        versus = f"{row['on'].median / plain_off:.2f}x" if plain_off else "-"
+        lines.append(f"| {row['method']} | {row['on'].cell(2)} | {row['off'].cell(2)} | {row['on_over_off'].cell(3)} "
+                     f"| {versus} | {row['same_as_plain']} |")
     (args.out / "report.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

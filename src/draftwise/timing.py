@@ -50,6 +50,10 @@ class Spread:
         return (f"{self.median:.{digits}f}{unit} (range {self.low:.{digits}f}-{self.high:.{digits}f}{unit}, "
                 f"{len(self.samples)} runs)")
 
+    def cell(self, digits: int = 2) -> str:
+        """'median (low-high)': a report table's cell."""
+        return f"{self.median:.{digits}f} ({self.low:.{digits}f}-{self.high:.{digits}f})"
+
 
 @dataclass(frozen=True)
 class NoiseCheck:
