@@ -396,3 +396,32 @@ def test_a_tree_level_grown_without_its_ancestors_is_caught(long_single, tol, ex
             draft_many_scenario(long_single, batch, tol, exact)
     finally:
         batch.free()
+
+
+def test_a_chain_only_batch_keeps_one_kv_stream_per_slot(single, probe, tol):
+    """No tree leaves: one KV stream per slot, so a slot's rows attend over its own cells only.
+    Its rows match the single backend at least as closely as the unified batch's (bit-identical
+    wherever the kernels are row-invariant: the run in benchmarks/llamacpp_exactness/ measured 0.0)."""
+    chains = LlamaCppBatch.from_backend(single, max_slots=3, max_tree_leaves=0, slot_ctx=SLOT_CTX)
+    try:
+        trees = LlamaCppBatch.from_backend(single, 1, max_tree_leaves=1, slot_ctx=SLOT_CTX)
+        assert not chains.unified and trees.unified
+        trees.free()
+        cases = probe_batch_invariance(chains, single, slot_counts=(1, 3), candidates=(0, 3), prefix_len=16)
+        assert max(c.vs_single for c in cases) <= max(c.vs_single for c in probe) <= tol
+        slots = [chains.open() for _ in range(3)]
+        text = {s: tokens(20 + 5 * i, 40 + i) for i, s in enumerate(slots)}
+        got = chains.verify_many([VerifyCall(s, text[s][-1], None, tuple(text[s][:-1])) for s in slots])
+        for s, logits in zip(slots, got):
+            assert_close(np.array(logits.logits), single_rows(single, [], text[s][-1], None, text[s][:-1]), tol,
+                         False, f"slot {s} prompt")
+            chains.commit(s, [])
+        chains.close(slots[1])  # a leave frees its stream; a join starts empty
+        joined = chains.open()
+        assert chains.cached_len(joined) == 0
+        prompt = tokens(18, 77)
+        (row,) = chains.verify_many([VerifyCall(joined, prompt[-1], None, tuple(prompt[:-1]))])
+        assert_close(np.array(row.logits), single_rows(single, [], prompt[-1], None, prompt[:-1]), tol, False,
+                     "joined slot")
+    finally:
+        chains.free()

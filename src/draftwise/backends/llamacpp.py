@@ -156,7 +156,8 @@ class _Handles:
         llama_cpp.llama_model_free(self.model)
 
 
-def _new_context(model, n_ctx: int, n_seq: int, threads: int, path: str, kernels: LlamaCppKernels):
+def _new_context(model, n_ctx: int, n_seq: int, threads: int, path: str, kernels: LlamaCppKernels,
+                 unified: bool = True):
     n_seq += 1 if kernels.keep_rejected_cells else 0  # the graveyard: the last sequence id
     if n_seq > LLAMACPP_MAX_SEQUENCES:
         raise BackendError(f"a tree of {n_seq - 1} leaves needs {n_seq} sequences; a llama.cpp "
@@ -166,7 +167,9 @@ def _new_context(model, n_ctx: int, n_seq: int, threads: int, path: str, kernels
     cparams.n_batch = _N_BATCH
     cparams.n_ubatch = _N_BATCH
     cparams.n_seq_max = n_seq
-    cparams.kv_unified = True  # one cell can belong to many sequences: the prefix is shared, not copied
+    # unified: one cell can belong to many sequences (a tree's prefix is shared, not copied); else
+    # one stream of n_ctx / n_seq cells per sequence, each row attending over its own stream only
+    cparams.kv_unified = unified
     cparams.n_threads = threads
     cparams.n_threads_batch = threads
     cparams.type_k = _KV_TYPE
