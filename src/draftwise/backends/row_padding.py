@@ -28,6 +28,7 @@ import logging
 import shutil
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +67,15 @@ class RowPadding:
         return self.seconds[rows - 1] if 1 <= rows <= self.max_rows else None
 
     def rows_for(self, rows: int) -> int:
-        """The row count a forward of `rows` rows runs as (>= rows)."""
-        return self.width_for(1, rows)
+        """The row count a forward of `rows` rows runs as (>= rows): read off `padded`, once
+        computed (every verify forward asks)."""
+        return self.padded.get(rows, rows)
+
+    @cached_property
+    def padded(self) -> dict[int, int]:
+        """The row counts padded, and to what ({} where none is)."""
+        plan = {m: self.width_for(1, m) for m in range(1, self.max_rows + 1)}
+        return {m: p for m, p in plan.items() if p != m}
 
     def width_for(self, sequences: int, width: int) -> int:
         """The width a forward of `sequences` x `width` rows (a batch's padded [B, R] input) runs
@@ -87,7 +95,7 @@ class RowPadding:
         return chosen if costs[chosen] < own * (1.0 - self.margin) else width
 
     def describe(self) -> str:
-        padded = {m: self.rows_for(m) for m in range(1, self.max_rows + 1) if self.rows_for(m) != m}
+        padded = self.padded
         if not padded:
             return "no row count is padded (every count measured as fast as any larger one)"
         return "rows padded " + ", ".join(f"{m}->{p}" for m, p in padded.items())
@@ -188,4 +196,4 @@ def padded_rows(backend: Any) -> dict[str, int]:
     padding = getattr(backend, "row_padding", None)
     if padding is None:
         return {}
-    return {str(m): padding.rows_for(m) for m in range(1, padding.max_rows + 1) if padding.rows_for(m) != m}
+    return {str(m): p for m, p in padding.padded.items()}
