@@ -2,8 +2,9 @@
 the same decoders unpadded, side by side on one loaded model (transformers, float32).
 
 Each method decodes the first turn of every question of the workload with padding on and off
-(the same loaded target, its `row_padding` set or cleared between runs; each arm's gate profile
-is its own, as the gate caches key on the padding), interleaved by question, the arm that goes
+(the same loaded target, its `row_padding` set or cleared between runs, which a batch opened on
+it takes for its one-sequence forwards; each arm's gate profile is its own, as the gate caches
+key on the padding), interleaved by question, the arm that goes
 first alternating; `--repeats` passes.  Per method and arm: tok/s over the workload (median of
 the passes, range), the ratio on/off per pass, and every output compared with plain decoding's
 (token identity at temperature 0).  Writes results.json and report.md.
@@ -52,6 +53,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--concurrency", type=int, default=1,
                     help="B > 1: every method decodes the workload B requests at a time (closed loop, "
                          "`Decoder.batch(B).generate_many`), one cell per method and arm")
+    ap.add_argument("--batch-engine", action="store_true",
+                    help="decode through the batch engine even at --concurrency 1 (`Decoder.batch(1)`: its "
+                         "one-sequence forwards pad by the model's plan), interleaved by question as alone")
     ap.add_argument("--out", required=True, type=Path)
     return ap.parse_args(argv)
 
@@ -94,8 +98,8 @@ def main(argv: list[str]) -> None:
                     target.row_padding = padding if arm == "on" else None
                     decoder = decoders[method, arm]
                     start = time.perf_counter()
-                    results = ([decoder.engine.generate(group[0])] if args.concurrency == 1 else
-                               decoder.batch(args.concurrency).generate_many(group))
+                    results = ([decoder.engine.generate(group[0])] if args.concurrency == 1 and not args.batch_engine
+                               else decoder.batch(args.concurrency).generate_many(group))
                     totals[method, arm][1] += time.perf_counter() - start
                     for result in results:
                         if isinstance(result, BaseException):
@@ -122,7 +126,8 @@ def main(argv: list[str]) -> None:
         "args": {k: str(v) for k, v in vars(args).items()}, "machine": machine_description(),
         "padding": padding.as_dict(), "padding_described": padding.describe(), "noise": noise,
         "cells": cells, "rows": summary}, indent=1))
-    batch = f", {args.concurrency} requests in flight" if args.concurrency > 1 else ""
+    batch = (f", {args.concurrency} requests in flight" if args.concurrency > 1 else
+             ", one request at a time through the batch engine" if args.batch_engine else "")
     lines = [f"# Row padding on/off ({args.target}, transformers float32, {args.workload} first turns, "
              f"{args.max_new} new tokens, {args.threads} threads{batch}, {args.repeats} interleaved passes)", "",
              f"Machine: {machine_description()}.  Padding measured here: {padding.describe()}.",

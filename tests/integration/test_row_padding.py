@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from draftwise.backends import transformers as transformers_module
+from draftwise.backends.batch import VerifyCall
 from draftwise.backends.row_padding import RowPadding, padded_rows
 from draftwise.backends.transformers import TransformersBackend
 from draftwise.build import build_decoder
@@ -22,8 +23,8 @@ from draftwise.engine import GenerationConfig
 from draftwise.topology.compile import compile_round
 from tests.helpers import make_spec, path_to, result_from_paths
 from draftwise.backends.transformers_batch import TransformersBatch
-from tests.integration.test_transformers_batch import assert_same, scenario, solo_of
-from tests.integration.tiny_models import tiny_backend
+from tests.integration.test_transformers_batch import Mirror, assert_same, scenario, solo_of, start
+from tests.integration.tiny_models import V, tiny_backend
 
 # 2 and 3 rows slow, 4 fast; 6 and 7 slow, 8 fast: pads 2, 3 -> 4 and 6, 7 -> 8 (the AMD EPYC's shape)
 PADDING = RowPadding((1.0, 2.2, 3.0, 1.6, 1.7, 2.5, 3.1, 1.8, 1.9, 2.0))
@@ -189,9 +190,44 @@ def test_no_padding_past_the_measured_counts_or_the_context():
     assert base._padding(3, 3, room - 4, torch.zeros(1, 3)) == 1
 
 
-def test_a_batch_does_not_take_its_models_single_sequence_plan():
-    base = padded_twin(tiny_backend(0))
-    assert TransformersBatch.from_backend(base, 2).row_padding is None
+def test_a_batch_pads_by_its_models_plan_only_forwards_over_one_sequence():
+    """A forward over one sequence (B = 1, or the last request left in a batch) is the single
+    backend's forward, so the batch pads it by the model's plan; a forward over two sequences is
+    never padded by it (that plan prices products alone: benchmarks/row_padding/).  Every verify
+    equals a lone unpadded backend's, before and after the batch narrows to one slot."""
+    shapes: list[tuple[int, int]] = []
+
+    class Recorded(TransformersBatch):
+        def _model_call(self, ids, positions, mask, cache, keep, hidden):
+            shapes.append(tuple(ids.shape))  # [B', R]
+            return super()._model_call(ids, positions, mask, cache, keep, hidden)
+
+    base = tiny_backend(0)
+    batch = Recorded.from_backend(padded_twin(base), max_slots=2)
+    assert batch.row_padding is None and batch.lone_padding is PADDING
+    mirror = Mirror(batch, base)
+    rng = np.random.default_rng(0)
+    slots = start(mirror, rng, [4, 7])
+
+    def call(slot: int, paths: list[list[int]]) -> VerifyCall:
+        prefix_len = batch.cached_len(slot) + 1
+        return VerifyCall(slot, int(rng.integers(0, V)), tree(prefix_len, paths))
+
+    shapes.clear()
+    calls = [call(slots[0], [[3, 4]]), call(slots[1], [[5, 6]])]  # 3 rows each: the plan pads 3 -> 4
+    mirror.verify(calls)
+    assert shapes == [(2, 3)]  # two sequences: unpadded
+    for c in calls:
+        mirror.settle(c.slot, path_to(c.round_, 0))
+    mirror.close(slots[1])
+    for paths, want in (([[3, 4]], (1, 4)), ([[1], [2]], (1, 4)), ([[1, 2, 3, 4]], (1, 5)), ([[6]], (1, 4))):
+        shapes.clear()
+        c = call(slots[0], paths)
+        mirror.verify([c])
+        assert shapes == [want], paths  # one sequence: 2, 3 -> 4 (a chain, a tree), 5 stays
+        mirror.settle(slots[0], path_to(c.round_, c.round_.n - 1))
+    mirror.check_next(slots[0])
+    assert mirror.checked >= 8
 
 
 def test_the_hidden_states_kept_are_the_rows_read_out():

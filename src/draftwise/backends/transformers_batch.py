@@ -169,13 +169,19 @@ class TransformersBatch:
 
     @classmethod
     def from_backend(cls, backend: TransformersBackend, max_slots: int = 8) -> "TransformersBatch":
-        return cls(backend, max_slots)
+        batch = cls(backend, max_slots)
+        batch.lone_padding = backend.row_padding
+        return batch
 
     # Row padding (backends/row_padding.py) is the single backend's: its plan prices a forward's
     # products alone, and in a batch every padding row also attends over its slot's context and
     # widens every slot's cache; padded by it, plain batched decoding ran 0.95x and the batch-aware
     # gate 0.80x at B = 2 (benchmarks/row_padding/).  A batch pads only when given a plan of its own.
     row_padding: RowPadding | None = None
+    # ...except a forward over ONE sequence (B = 1, or the last request of a batch): that is the
+    # single backend's forward, product for product, so its plan holds there (unpadded, the batch
+    # engine at B = 1 ran fixed lookup 8% and the gate 9% slower than the single-request engine).
+    lone_padding: RowPadding | None = None
 
     # ---- the forward (a composed draft pass overrides these: backends/layer_skip_batch.py) ----
     # a lone chain over a row cut to its committed length may leave the mask to the model's causal default
@@ -353,7 +359,8 @@ class TransformersBatch:
                 values = [v[:, :, :past].index_select(0, index) for v in self._values]
         first = min(len(call.unread) for call in calls)  # logits of rows [first, R) are kept
         width = max(call.rows for call in calls)
-        padding = self.row_padding
+        padding = self.row_padding if self.row_padding is not None else \
+            self.lone_padding if len(entries) == 1 else None
         if padding is not None and first == 0:  # every row read out (no prompt): the LM head's product is B' x R
             width = padding.width_for(len(entries), width)  # columns past every call's rows are padding rows
         batch_row = {call.slot: j for j, (_, call) in enumerate(entries) if call is not None}

@@ -157,7 +157,8 @@ def auto_batch_gate_profile(target: Backend, max_batch: int, max_rows: int, cach
     rows = tuple(n for n in BATCH_GATE_ROWS if n < max_rows) + (max_rows,)
     key = {"target": target.info.checkpoint, "tokenizer_hash": target.info.tokenizer_hash, "backend": target.info.name,
            "dtype": target.info.dtype, "threads": getattr(target, "n_threads", None), "batches": list(batches),
-           "rows": list(rows), "shape": "chain", "padded_rows": padded_rows(target)}
+           "rows": list(rows), "shape": "chain", "padded_rows": padded_rows(target),
+           "padded_batches": "one sequence"}  # a batch pads its one-sequence forwards only (transformers_batch)
     directory = Path(cache_root) / "batch_gate" / stable_hash(key)[:20]
     if artifact_matches(directory, BATCH_ARTIFACT_KIND,
                         lambda p: p.get("model") == target.info.checkpoint and p.get("backend") == target.info.name
