@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from draftwise.backends import transformers as transformers_module
-from draftwise.backends.batch import VerifyCall
+from draftwise.backends.batch import Extend, GrowRound, VerifyCall
 from draftwise.backends.row_padding import RowPadding, padded_rows
 from draftwise.backends.transformers import TransformersBackend
 from draftwise.build import build_decoder
@@ -23,6 +23,7 @@ from draftwise.engine import GenerationConfig
 from draftwise.topology.compile import compile_round
 from tests.helpers import make_spec, path_to, result_from_paths
 from draftwise.backends.transformers_batch import TransformersBatch
+from tests.integration.test_batch_drafting import tree_levels
 from tests.integration.test_transformers_batch import Mirror, assert_same, scenario, solo_of, start
 from tests.integration.tiny_models import V, tiny_backend
 
@@ -228,6 +229,44 @@ def test_a_batch_pads_by_its_models_plan_only_forwards_over_one_sequence():
         mirror.settle(slots[0], path_to(c.round_, c.round_.n - 1))
     mirror.check_next(slots[0])
     assert mirror.checked >= 8
+
+
+def test_a_lone_slots_padded_draft_steps_equal_an_unpadded_backends():
+    """A draft model's steps on a batch of one slot, its one-sequence forwards padded by the
+    model's plan: a tree's first level (3 rows -> 4), its next levels (3 rows -> 4, then 1), a
+    commit and an extend after it give what an unpadded lone backend gives, at the same length."""
+    shapes: list[tuple[int, int]] = []
+
+    class Recorded(TransformersBatch):
+        def _model_call(self, ids, positions, mask, cache, keep, hidden):
+            shapes.append(tuple(ids.shape))  # [B', R]
+            return super()._model_call(ids, positions, mask, cache, keep, hidden)
+
+    base = tiny_backend(5)
+    batch = Recorded.from_backend(padded_twin(base), 1)
+    slot = batch.open()
+    lone = solo_of(base)
+    lone.reset()
+
+    def run(call, want) -> None:
+        [got] = batch.draft_many([call])
+        assert_same(got, want, type(call).__name__)
+        assert batch.cached_len(slot) == lone.cached_len
+
+    run(Extend(slot, (1, 2, 3, 1, 2, 3, 4)), lone.extend([1, 2, 3, 1, 2, 3, 4]))
+    batch.truncate(slot, batch.cached_len(slot) - 1)  # the last token becomes the pending one
+    lone.truncate(lone.cached_len - 1)
+    one, two, three = tree_levels(batch.cached_len(slot) + 1)
+    shapes.clear()
+    run(VerifyCall(slot, 7, one), lone.verify(7, one))
+    run(GrowRound(slot, two, one.n), lone.verify_more(two, one.n))
+    run(GrowRound(slot, three, two.n), lone.verify_more(three, two.n))
+    assert shapes == [(1, 4), (1, 4), (1, 1)]
+    accepted = path_to(three, three.n - 1)
+    batch.commit(slot, accepted)
+    lone.commit(accepted)
+    run(Extend(slot, (6,)), lone.extend([6]))
+    run(Extend(slot, (2, 5)), lone.extend([2, 5]))
 
 
 def test_the_hidden_states_kept_are_the_rows_read_out():

@@ -19,7 +19,8 @@ Measured once per checkpoint, dtype, threads, machine and torch version (a few s
 products alone, which a whole forward's other costs would only blur), and cached as an artifact; a measurement whose repeats varied
 more than the noise limit is used for that run and measured again next time.  Nothing is padded
 past `max_rows`, and an `extend` (a prompt read or a draft's catch-up, one row's logits) is never
-padded: its head is one row.
+padded: its head is one row.  A batch (`TransformersBatch`) pads by its model's plan only its
+forwards over one sequence, which are this backend's forward; over several sequences it does not.
 """
 
 from __future__ import annotations
