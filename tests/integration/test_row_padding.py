@@ -48,6 +48,18 @@ def padded_twin(base: TransformersBackend, padding: RowPadding = PADDING) -> Cou
     return twin
 
 
+def recording_batch() -> tuple[type[TransformersBatch], list[tuple[int, ...]]]:
+    """A batch class that appends every forward's input shape [B', R] to the list returned with it."""
+    shapes: list[tuple[int, ...]] = []
+
+    class Recorded(TransformersBatch):
+        def _model_call(self, ids, positions, mask, cache, keep, hidden):
+            shapes.append(tuple(ids.shape))
+            return super()._model_call(ids, positions, mask, cache, keep, hidden)
+
+    return Recorded, shapes
+
+
 def chain(prefix_len: int, tokens: list[int]):
     return compile_round(prefix_len, [result_from_paths([tokens[: i + 1] for i in range(len(tokens))])])
 
@@ -165,13 +177,7 @@ BATCH_PADDING = RowPadding(tuple((1 + 0.05 * m) * (1 if m == 1 or m % 8 == 0 els
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_a_padded_batch_gives_every_slot_what_a_lone_unpadded_backend_gives(seed):
-    widths = []
-
-    class Recorded(TransformersBatch):
-        def _model_call(self, ids, positions, mask, cache, keep, hidden):
-            widths.append(tuple(ids.shape))  # [B', R]
-            return super()._model_call(ids, positions, mask, cache, keep, hidden)
-
+    Recorded, widths = recording_batch()
     mirror = scenario(Recorded, seed=seed, padding=BATCH_PADDING)
     assert mirror.checked > 30 and mirror.batch.row_padding is BATCH_PADDING
     assert all(slot.row_padding is None for slot in mirror.solo.values())
@@ -196,13 +202,7 @@ def test_a_batch_pads_by_its_models_plan_only_forwards_over_one_sequence():
     backend's forward, so the batch pads it by the model's plan; a forward over two sequences is
     never padded by it (that plan prices products alone: benchmarks/row_padding/).  Every verify
     equals a lone unpadded backend's, before and after the batch narrows to one slot."""
-    shapes: list[tuple[int, int]] = []
-
-    class Recorded(TransformersBatch):
-        def _model_call(self, ids, positions, mask, cache, keep, hidden):
-            shapes.append(tuple(ids.shape))  # [B', R]
-            return super()._model_call(ids, positions, mask, cache, keep, hidden)
-
+    Recorded, shapes = recording_batch()
     base = tiny_backend(0)
     batch = Recorded.from_backend(padded_twin(base), max_slots=2)
     assert batch.row_padding is None and batch.lone_padding is PADDING
@@ -235,13 +235,7 @@ def test_a_lone_slots_padded_draft_steps_equal_an_unpadded_backends():
     """A draft model's steps on a batch of one slot, its one-sequence forwards padded by the
     model's plan: a tree's first level (3 rows -> 4), its next levels (3 rows -> 4, then 1), a
     commit and an extend after it give what an unpadded lone backend gives, at the same length."""
-    shapes: list[tuple[int, int]] = []
-
-    class Recorded(TransformersBatch):
-        def _model_call(self, ids, positions, mask, cache, keep, hidden):
-            shapes.append(tuple(ids.shape))  # [B', R]
-            return super()._model_call(ids, positions, mask, cache, keep, hidden)
-
+    Recorded, shapes = recording_batch()
     base = tiny_backend(5)
     batch = Recorded.from_backend(padded_twin(base), 1)
     slot = batch.open()
