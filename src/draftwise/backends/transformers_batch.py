@@ -180,7 +180,7 @@ class TransformersBatch:
     row_padding: RowPadding | None = None
     # ...except a forward over ONE sequence (B = 1, or the last request of a batch): that is the
     # single backend's forward, product for product, so its plan holds there (unpadded, the batch
-    # engine at B = 1 ran fixed lookup 8% and the gate 9% slower than the single-request engine).
+    # engine at B = 1 ran speculation slower than the single-request engine: benchmarks/batch_throughput/).
     lone_padding: RowPadding | None = None
 
     # ---- the forward (a composed draft pass overrides these: backends/layer_skip_batch.py) ----
