@@ -15,15 +15,14 @@ Writes results.json and report.md.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 from draftwise.api import open_decoder
 from draftwise.backends.load import load_backend
 from draftwise.backends.profile import machine_description
+from draftwise.bench.study import write_study
 from draftwise.engine import GenerationConfig
 from draftwise.parse import spec_from_options
 from draftwise.spec import DecoderSpec
@@ -114,10 +113,6 @@ def main(argv: list[str] | None = None) -> None:
                      "batch_over_single": Spread.of([b["tok_s"] / s["tok_s"] for s, b in zip(mine["single"], mine["batch"])]),
                      "rounds": {engine: [c["rounds"] for c in got] for engine, got in mine.items()},
                      "same": [c["same_as_other"] for c in mine["batch"]]})
-    (args.out / "results.json").write_text(json.dumps({
-        "args": {k: str(v) for k, v in vars(args).items()}, "machine": machine_description(), "noise": noise,
-        "cells": cells, "rows": [{k: asdict(v) if isinstance(v, Spread) else v for k, v in row.items()} for row in rows],
-    }, indent=1))
     lines = [f"# B = 1: the batch engine against the single-request engine ({args.target}, {args.backend}, "
              f"{args.workload} first turns, {args.max_new} new tokens, {args.threads} threads, {args.repeats} "
              "interleaved passes)", "",
@@ -128,8 +123,8 @@ def main(argv: list[str] | None = None) -> None:
         rounds = f"{'/'.join(map(str, row['rounds']['single']))} / {'/'.join(map(str, row['rounds']['batch']))}"
         lines.append(f"| {row['method']} | {row['single'].cell()} | {row['batch'].cell()} | "
                      f"{row['batch_over_single'].cell(3)} | {rounds} | {row['same']} of {len(prompts)} |")
-    (args.out / "report.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_study(args.out, {"args": {k: str(v) for k, v in vars(args).items()}, "machine": machine_description(),
+                           "noise": noise, "cells": cells, "rows": rows}, lines)
 
 
 if __name__ == "__main__":

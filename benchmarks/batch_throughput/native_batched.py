@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
 import platform
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import numpy as np
 from draftwise.backends.batch import VerifyCall
 from draftwise.backends.llamacpp import LlamaCppBackend
 from draftwise.backends.llamacpp_multi import LlamaCppBatch
+from draftwise.bench.study import write_study
 from draftwise.models import resolve
 from draftwise.timing import Spread, noise_check
 
@@ -117,11 +117,7 @@ def main(argv: list[str]) -> None:
         spreads = {who: {key: Spread.of([c[key] for c in got]) for key in ("s_tg", "s_pp")} for who, got in mine.items()}
         ratio = Spread.of([o["s_tg"] / n["s_tg"] for o, n in zip(mine["ours"], mine["llama-batched-bench"])])
         rows.append({"batch": b, "spreads": spreads, "ratio": ratio})
-    summary = [{"batch": r["batch"], "ours_over_native_tg": asdict(r["ratio"]),
-                **{who: {key: asdict(v) for key, v in got.items()} for who, got in r["spreads"].items()}} for r in rows]
-    (args.out / "results.json").write_text(json.dumps({
-        "args": {k: str(v) for k, v in vars(args).items()}, "machine": platform.processor() or platform.machine(),
-        "gguf": model.path, "noise": noise, "cells": cells, "rows": summary}, indent=1))
+    summary = [{"batch": r["batch"], "ours_over_native_tg": r["ratio"], **r["spreads"]} for r in rows]
     lines = [f"# Plain multi-sequence decode: draftwise's LlamaCppBatch against llama-batched-bench "
              f"({args.model}, PP = {args.npp}, TG = {args.ntg}, {args.threads} threads, {args.repeats} repeats)", "",
              f"Noise check: start {noise['start']}; end {noise['end']}.", "",
@@ -131,8 +127,9 @@ def main(argv: list[str]) -> None:
         us, them = r["spreads"]["ours"], r["spreads"]["llama-batched-bench"]
         lines.append(f"| {r['batch']} | {us['s_tg'].cell(1)} | {them['s_tg'].cell(1)} | {r['ratio'].cell(3)} "
                      f"| {us['s_pp'].median:.0f} | {them['s_pp'].median:.0f} |")
-    (args.out / "report.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_study(args.out, {"args": {k: str(v) for k, v in vars(args).items()},
+                           "machine": platform.processor() or platform.machine(), "gguf": model.path, "noise": noise,
+                           "cells": cells, "rows": summary}, lines)
 
 
 if __name__ == "__main__":

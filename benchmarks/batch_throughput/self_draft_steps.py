@@ -16,8 +16,6 @@ the modes (max |difference|, argmax agreement).  Writes results.json and report.
 from __future__ import annotations
 
 import argparse
-import json
-from dataclasses import asdict
 import platform
 import sys
 import time
@@ -28,6 +26,7 @@ import torch
 from draftwise.backends.batch import Extend
 from draftwise.backends.layer_skip_batch import LayerSkipBatch
 from draftwise.backends.load import load_backend
+from draftwise.bench.study import write_study
 from draftwise.build import make_proposers
 from draftwise.engine import GenerationConfig
 from draftwise.parse import spec_from_options
@@ -125,10 +124,6 @@ def main(argv: list[str]) -> None:
         rows.append(row)
     for cell in cells:
         del cell["last_logits"]
-    (args.out / "results.json").write_text(json.dumps({
-        "args": {k: str(v) for k, v in vars(args).items()}, "machine": platform.processor() or platform.machine(),
-        "noise": noise, "cells": cells,
-        "rows": [{k: asdict(v) if isinstance(v, Spread) else v for k, v in row.items()} for row in rows]}, indent=1))
     lines = [f"# {args.proposer}: {args.k} draft steps for B requests ({args.target}, {args.threads} threads)", "",
              f"Noise check: start {noise['start']}; end {noise['end']}.", "",
              "| B | batched ms (range) | per-request ms (range) | per-request / batched | last step: max abs logit diff, "
@@ -136,8 +131,9 @@ def main(argv: list[str]) -> None:
     for row in rows:
         lines.append(f"| {row['batch']} | {row['batched'].cell(1)} | {row['per-request'].cell(1)} | "
                      f"{row['per_request_over_batched']:.2f}x | {row['max_abs_logit_diff']:.2e}, {row['argmax_equal']} |")
-    (args.out / "report.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_study(args.out, {"args": {k: str(v) for k, v in vars(args).items()},
+                           "machine": platform.processor() or platform.machine(), "noise": noise, "cells": cells,
+                           "rows": rows}, lines)
 
 
 if __name__ == "__main__":

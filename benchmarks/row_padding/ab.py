@@ -16,8 +16,6 @@ the passes, range), the ratio on/off per pass, and every output compared with pl
 from __future__ import annotations
 
 import argparse
-import json
-from dataclasses import asdict
 import logging
 import sys
 import time
@@ -28,6 +26,7 @@ import torch
 from draftwise.api import open_decoder
 from draftwise.backends.load import load_backend
 from draftwise.backends.profile import machine_description
+from draftwise.bench.study import write_study
 from draftwise.engine import GenerationConfig
 from draftwise.parse import spec_from_options
 from draftwise.spec import DecoderSpec
@@ -121,11 +120,6 @@ def main(argv: list[str]) -> None:
                      "on_over_off": Spread.of([on["tok_s"] / off["tok_s"] for on, off in zip(mine["on"], mine["off"])]),
                      "same_as_plain": [c["same_as_plain"] for c in cells if c["method"] == method]})
     plain_off = next((r["off"].median for r in rows if r["method"] == "plain"), None)
-    summary = [{k: asdict(v) if isinstance(v, Spread) else v for k, v in row.items()} for row in rows]
-    (args.out / "results.json").write_text(json.dumps({
-        "args": {k: str(v) for k, v in vars(args).items()}, "machine": machine_description(),
-        "padding": padding.as_dict(), "padding_described": padding.describe(), "noise": noise,
-        "cells": cells, "rows": summary}, indent=1))
     batch = (f", {args.concurrency} requests in flight" if args.concurrency > 1 else
              ", one request at a time through the batch engine" if args.batch_engine else "")
     lines = [f"# Row padding on/off ({args.target}, transformers float32, {args.workload} first turns, "
@@ -138,8 +132,9 @@ def main(argv: list[str]) -> None:
         versus = f"{row['on'].median / plain_off:.2f}x" if plain_off else "-"
         lines.append(f"| {row['method']} | {row['on'].cell(2)} | {row['off'].cell(2)} | {row['on_over_off'].cell(3)} "
                      f"| {versus} | {row['same_as_plain']} |")
-    (args.out / "report.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_study(args.out, {"args": {k: str(v) for k, v in vars(args).items()}, "machine": machine_description(),
+                           "padding": padding.as_dict(), "padding_described": padding.describe(), "noise": noise,
+                           "cells": cells, "rows": rows}, lines)
 
 
 if __name__ == "__main__":
