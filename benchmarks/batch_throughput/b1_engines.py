@@ -22,11 +22,11 @@ from pathlib import Path
 from draftwise.api import open_decoder
 from draftwise.backends.load import load_backend
 from draftwise.backends.profile import machine_description
-from draftwise.bench.study import write_study
+from draftwise.bench.study import read_noise, write_study
 from draftwise.engine import GenerationConfig
 from draftwise.parse import spec_from_options
 from draftwise.spec import DecoderSpec
-from draftwise.timing import Spread, noise_check
+from draftwise.timing import Spread
 from draftwise.workloads import first_turn_prompts
 
 # the concurrency study's methods (concurrency.sh): llama.cpp's lookup as its gate was tuned
@@ -66,11 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     prompts = first_turn_prompts(target.chat_prompt, args.workload)
     probe = prompts[0][:32]
 
-    def step() -> None:  # a fixed short read, repeated: how steady the machine is
-        target.reset()
-        target.extend(probe)
-
-    noise = {"start": noise_check(step).describe()}
+    noise = {"start": read_noise(target, probe)}
     print(f"noise check at the start: {noise['start']}", flush=True)
     cells = []
     for repeat in range(args.repeats):
@@ -104,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"r{repeat} {method:12s} single {cells[-2]['tok_s']:6.2f} tok/s ({cells[-2]['rounds']} rounds), "
                   f"batch {cells[-1]['tok_s']:6.2f} ({cells[-1]['rounds']} rounds), {same}/{len(prompts)} the same",
                   flush=True)
-    noise["end"] = noise_check(step).describe()
+    noise["end"] = read_noise(target, probe)
     print(f"noise check at the end: {noise['end']}", flush=True)
     rows = []
     for method in methods:

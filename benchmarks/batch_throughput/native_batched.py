@@ -31,9 +31,9 @@ import numpy as np
 from draftwise.backends.batch import VerifyCall
 from draftwise.backends.llamacpp import LlamaCppBackend
 from draftwise.backends.llamacpp_multi import LlamaCppBatch
-from draftwise.bench.study import write_study
+from draftwise.bench.study import read_noise, write_study
 from draftwise.models import resolve
-from draftwise.timing import Spread, noise_check
+from draftwise.timing import Spread
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -93,11 +93,7 @@ def main(argv: list[str]) -> None:
     prompt = text[: args.npp]
     probe = prompt[:32]
 
-    def step() -> None:  # a fixed prompt read, repeated: how steady the machine is
-        backend.reset()
-        backend.extend(probe)
-
-    noise = {"start": noise_check(step).describe()}
+    noise = {"start": read_noise(backend, probe)}
     print(f"noise check at the start: {noise['start']}", flush=True)
     cells: list[dict] = []
     for repeat in range(args.repeats):
@@ -109,7 +105,7 @@ def main(argv: list[str]) -> None:
                         "s_tg": b * args.ntg / got["t_tg"], "s_pp": b * args.npp / got["t_pp"]}
                 cells.append(cell)
                 print(f"B={b} {who:19s} r{repeat}: S_TG {cell['s_tg']:7.1f} t/s, S_PP {cell['s_pp']:7.1f} t/s", flush=True)
-    noise["end"] = noise_check(step).describe()
+    noise["end"] = read_noise(backend, probe)
     print(f"noise check at the end: {noise['end']}", flush=True)
     rows = []
     for b in batches:

@@ -26,11 +26,11 @@ import torch
 from draftwise.api import open_decoder
 from draftwise.backends.load import load_backend
 from draftwise.backends.profile import machine_description
-from draftwise.bench.study import write_study
+from draftwise.bench.study import read_noise, write_study
 from draftwise.engine import GenerationConfig
 from draftwise.parse import spec_from_options
 from draftwise.spec import DecoderSpec
-from draftwise.timing import Spread, noise_check
+from draftwise.timing import Spread
 from draftwise.workloads import first_turn_prompts
 
 METHODS = {
@@ -80,11 +80,7 @@ def main(argv: list[str]) -> None:
                                                  loader=lambda *_: target)
     probe = prompts[0][:32]
 
-    def step() -> None:  # a fixed one-row decode step, repeated: how steady the machine is
-        target.reset()
-        target.extend(probe)
-
-    noise = {"start": noise_check(step).describe()}
+    noise = {"start": read_noise(target, probe)}
     print(f"noise check at the start: {noise['start']}", flush=True)
     cells: list[dict] = []
     for repeat in range(args.repeats):
@@ -111,7 +107,7 @@ def main(argv: list[str]) -> None:
                           "tok_s": tokens / seconds, "same_as_plain": same, "prompts": len(prompts)})
             print(f"r{repeat} {method:12s} {arm:3s}: {tokens / seconds:6.2f} tok/s, {same}/{len(prompts)} plain's text",
                   flush=True)
-    noise["end"] = noise_check(step).describe()
+    noise["end"] = read_noise(target, probe)
     print(f"noise check at the end: {noise['end']}", flush=True)
     rows = []
     for method in methods:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from draftwise.bench.study import write_study
+from draftwise.bench.study import read_noise, write_study
 from draftwise.timing import Spread
 
 
@@ -27,3 +27,19 @@ def test_a_study_refuses_what_json_cannot_write(tmp_path):
         write_study(tmp_path, {"rows": {1, 2}}, [])
     with pytest.raises(TypeError, match="type"):
         write_study(tmp_path, {"rows": Spread}, [])  # a dataclass class, not an instance
+
+
+def test_the_noise_probe_reads_the_same_tokens_afresh_each_time():
+    calls: list[tuple] = []
+
+    class Reads:
+        def reset(self) -> None:
+            calls.append(("reset",))
+
+        def extend(self, tokens) -> None:
+            calls.append(("extend", tuple(tokens)))
+
+    described = read_noise(Reads(), (4, 5, 6))
+    assert described.startswith(("ok", "UNRELIABLE"))
+    assert len(calls) >= 4 and calls[::2] == [("reset",)] * (len(calls) // 2)
+    assert set(calls[1::2]) == {("extend", (4, 5, 6))}

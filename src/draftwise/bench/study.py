@@ -7,6 +7,8 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from draftwise.timing import noise_check
+
 
 def _as_json(value: Any) -> Any:
     """A dataclass (a `timing.Spread`, ...) as its fields; anything else json cannot write is refused."""
@@ -22,3 +24,14 @@ def write_study(out: Path, results: dict, lines: Sequence[str]) -> None:
     report = "\n".join(lines) + "\n"
     Path(out, "report.md").write_text(report)
     print(report, end="")
+
+
+def read_noise(backend: Any, tokens: Sequence[int]) -> str:
+    """How steady the machine is, described: `timing.noise_check` over a fixed short read of
+    `tokens` on `backend` (reset, then extend), repeated.  A study takes it at its start and end."""
+
+    def read() -> None:
+        backend.reset()
+        backend.extend(list(tokens))
+
+    return noise_check(read).describe()
