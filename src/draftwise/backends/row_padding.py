@@ -75,14 +75,18 @@ class RowPadding:
     @cached_property
     def padded(self) -> dict[int, int]:
         """The row counts padded, and to what ({} where none is)."""
-        plan = {m: self.width_for(1, m) for m in range(1, self.max_rows + 1)}
+        plan = {m: self._scan(1, m) for m in range(1, self.max_rows + 1)}
         return {m: p for m, p in plan.items() if p != m}
 
     def width_for(self, sequences: int, width: int) -> int:
         """The width a forward of `sequences` x `width` rows (a batch's padded [B, R] input) runs
         as: the narrowest w >= `width` whose sequences x w rows measured within `margin` of the
         fastest of them (more rows cost more outside the products), where that is at least
-        `margin` faster than `width` itself; `width` past the measured counts."""
+        `margin` faster than `width` itself; `width` past the measured counts.  One sequence
+        reads the `padded` map (a batch's every one-sequence verify asks)."""
+        return self.rows_for(width) if sequences == 1 else self._scan(sequences, width)
+
+    def _scan(self, sequences: int, width: int) -> int:
         own = self.cost(sequences * width)
         if own is None:
             return width
