@@ -2,7 +2,7 @@
 against the single-request engine (`Decoder.engine`), the same method on one loaded target.
 
 Each method decodes the first turn of every question through both engines, interleaved by
-question (the engine that goes first alternating); the batch engine is one `BatchDecoder` for
+question (the engine that goes first alternating); the batch engine is one `Engine` for
 the whole pass, as in a bench cell, so its guard carries from request to request as the single
 engine's does.  Per method and engine: tok/s over the workload (median of the passes, range),
 the batch / single ratio per pass, rounds per pass, and whether every output is the same.
@@ -23,7 +23,7 @@ from draftwise.api import open_decoder
 from draftwise.backends.load import load_backend
 from draftwise.backends.profile import machine_description
 from draftwise.bench.study import read_noise, write_study
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.parse import spec_from_options
 from draftwise.spec import DecoderSpec
 from draftwise.timing import Spread
@@ -82,11 +82,11 @@ def main(argv: list[str] | None = None) -> None:
                         result = decoder.engine.generate(list(prompt))
                         rounds = len(result.records)
                     else:
-                        before = len(batch.rounds)
+                        before = len(batch.forwards)
                         [result] = batch.generate_many([list(prompt)], [config])
                         if isinstance(result, BaseException):
                             raise result
-                        rounds = len(batch.rounds) - before
+                        rounds = len(batch.forwards) - before
                     cell = totals[engine]
                     cell["seconds"] += time.perf_counter() - start
                     cell["tokens"] += len(result.tokens)

@@ -1,7 +1,7 @@
 """Batched drafting (issue 43 item 2): a draft model's steps for every request of a round in ONE
 forward, against drafting request by request, at B = 1, 2, 4, 8.
 
-Both modes decode the same prompts in shared rounds (`BatchDecoder`, closed loop: the next
+Both modes decode the same prompts in shared rounds (`Engine`, closed loop: the next
 request joins as one finishes) with the same target batch and the same draft weights; they
 differ only in how each round's draft steps run:
 
@@ -10,7 +10,7 @@ differ only in how each round's draft steps run:
 - `per-request`: each request drafts on a fork of the draft model (its own `DynamicCache`), one
   forward per request per step: what the batch engine did before.
 
-Per cell: total committed tok/s across the batch, the per-round draft time (`BatchRound.drafting`:
+Per cell: total committed tok/s across the batch, the per-round draft time (`SharedForward.drafting`:
 the wall time of a round's draft steps before its shared verify; median over rounds and mean),
 draft calls per round, and every request's greedy tokens (compared with each other and with
 single-request decoding through today's engine: 0 mismatches expected at float32).  Repeats are
@@ -38,9 +38,9 @@ from pathlib import Path
 import torch
 
 from draftwise.backends.load import load_backend, open_batch
-from draftwise.batch import BatchDecoder
+from draftwise.runtime.engine import Engine
 from draftwise.build import batch_decoder, build_decoder
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.parse import spec_from_options
 from draftwise.spec import DecoderSpec
 from draftwise.workloads import first_turn_prompts
@@ -65,7 +65,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def per_request_decoder(spec: DecoderSpec, target, draft, slots: int) -> BatchDecoder:
+def per_request_decoder(spec: DecoderSpec, target, draft, slots: int) -> Engine:
     """The batch engine with each request drafting on a fork of the draft model: one forward per
     request per draft step (a `DraftRequest` of its own each)."""
 
@@ -74,23 +74,23 @@ def per_request_decoder(spec: DecoderSpec, target, draft, slots: int) -> BatchDe
                              seed=config.seed, stop_strings=config.stop_strings)
         return build_decoder(replace(spec, generation=generation), slot, draft.fork())
 
-    return BatchDecoder(open_batch(target, slots), decoder_for, spec.generation)
+    return Engine(open_batch(target, slots), decoder_for, spec.generation)
 
 
-def run_cell(engine: BatchDecoder, prompts: list[list[int]]) -> dict:
+def run_cell(engine: Engine, prompts: list[list[int]]) -> dict:
     start = time.perf_counter()
     results = engine.generate_many(prompts)
     wall = time.perf_counter() - start
     failed = [repr(r) for r in results if isinstance(r, BaseException)]
     if failed:
         raise RuntimeError(f"requests failed: {failed}")
-    drafting = [r.drafting for r in engine.rounds if r.draft_calls]
+    drafting = [r.drafting for r in engine.forwards if r.draft_calls]
     tokens = sum(len(r.tokens) for r in results)
-    return {"wall": wall, "tokens": tokens, "tok_s": tokens / wall, "rounds": len(engine.rounds),
+    return {"wall": wall, "tokens": tokens, "tok_s": tokens / wall, "rounds": len(engine.forwards),
             "draft_median_ms": 1e3 * statistics.median(drafting) if drafting else 0.0,
             "draft_mean_ms": 1e3 * statistics.fmean(drafting) if drafting else 0.0,
             "draft_share": sum(drafting) / wall,
-            "draft_calls_per_round": statistics.fmean(r.draft_calls for r in engine.rounds),
+            "draft_calls_per_round": statistics.fmean(r.draft_calls for r in engine.forwards),
             "mean_accepted": statistics.fmean(r.stats.mean_accepted for r in results),
             "outputs": [list(r.tokens) for r in results]}
 

@@ -19,7 +19,7 @@ import time
 from draftwise.api import open_decoder
 from draftwise.batch_control import DoNoHarm, DoNoHarmConfig
 from draftwise.bench.closed_loop import run_closed_loop
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.spec import DecoderSpec
 from draftwise.workloads import parse_workload
 

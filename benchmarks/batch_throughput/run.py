@@ -35,8 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from draftwise.api import open_decoder
-from draftwise.batch import Finished, Tokens
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.engine import Finished, Tokens
+from draftwise.runtime.round import GenerationConfig
 from draftwise.spec import DecoderSpec
 from draftwise.workloads import first_turn_prompts
 

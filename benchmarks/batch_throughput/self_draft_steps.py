@@ -28,7 +28,7 @@ from draftwise.backends.layer_skip_batch import LayerSkipBatch
 from draftwise.backends.load import load_backend
 from draftwise.bench.study import write_study
 from draftwise.build import make_proposers
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.parse import spec_from_options
 from draftwise.spec import DecoderSpec
 from draftwise.timing import Spread, noise_check

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from draftwise.api import open_decoder
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.spec import DecoderSpec
 from draftwise.workloads import first_turn_prompts
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from draftwise.backends.load import load_backend
 from draftwise.build import fitted_generation, make_proposers
 from draftwise.cost_profile import VerifyCostProfile
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.gate import CostGateConfig
 from draftwise.optimize.auto_proposer import HiddenTraces
 from draftwise.optimize.replay import Trace, replay

@@ -33,7 +33,7 @@ import numpy as np
 from draftwise.bench.executors import prepare
 from draftwise.bench.methods import MethodDefaults, parse_method
 from draftwise.bench.pool import ModelPool
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.workloads import first_turn_prompts
 
 GREEDY = dict(temp=0.0, top_k=1, top_p=1.0, min_p=0.0, typical_p=1.0, repeat_penalty=1.0)

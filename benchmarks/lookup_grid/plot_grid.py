@@ -16,7 +16,7 @@ from pathlib import Path
 
 from draftwise.bench.methods import MethodDefaults, parse_method
 from draftwise.bench.plots import plot_speedup_grid
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 
 
 def grid_points(run: dict, predictions: dict) -> list[dict]:

@@ -38,7 +38,7 @@ from draftwise.backends.load import load_backend
 from draftwise.plan import branches
 from draftwise.parse import spec_from_options
 from draftwise.spec import CALIBRATION_WORKLOAD, DecoderSpec, GateProfile
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.models import cache_dir
 from draftwise.optimize.auto import AutoTreeConfig, auto_gate_directory, ensure_profile, gate_rows
 from draftwise.optimize.auto_proposer import (candidate_rows, choose_proposer, ensure_traces,

@@ -27,7 +27,7 @@ from draftwise.api import open_decoder
 from draftwise.backends.load import load_backend
 from draftwise.backends.profile import machine_description
 from draftwise.bench.study import read_noise, write_study
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.parse import spec_from_options
 from draftwise.spec import DecoderSpec
 from draftwise.timing import Spread

@@ -36,7 +36,8 @@ import numpy as np
 from draftwise.bench.plots import plot_speedup_grid
 from draftwise.workloads import messages_for, parse_workload
 from draftwise.backends.load import load_backend
-from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.runtime.round import GenerationConfig
+from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.optimize.acceptance import AcceptanceProfile
 from draftwise.optimize.auto import AutoTreeConfig, auto_tree
 from draftwise.optimize.calibrate import relation_for

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from draftwise.api import open_decoder
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.spec import DecoderSpec
 from draftwise.vllm.checkpoint import vllm_checkpoint
 from draftwise.vllm.methods import parse_method

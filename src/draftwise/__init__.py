@@ -19,8 +19,8 @@ _EXPORTS = {
     "Decoder": "draftwise.api",
     "DecoderSpec": "draftwise.spec",
     "spec_from_options": "draftwise.parse",
-    "GenerationConfig": "draftwise.engine",
-    "GenerationResult": "draftwise.engine",
+    "GenerationConfig": "draftwise.runtime.round",
+    "GenerationResult": "draftwise.runtime.round",
     "SamplingPolicy": "draftwise.sampling",
     "GenerationStats": "draftwise.stats",
     "RoundRecord": "draftwise.stats",
@@ -36,7 +36,7 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from draftwise.api import Decoder, open_decoder
-    from draftwise.engine import GenerationConfig, GenerationResult
+    from draftwise.runtime.round import GenerationConfig, GenerationResult
     from draftwise.errors import ArtifactError, BackendError, ContractError, DraftwiseError, InputError, ModelError
     from draftwise.proposers.registry import DRAFTERS
     from draftwise.sampling import SamplingPolicy

@@ -252,6 +252,19 @@ class DoNoHarm:
             harm._states[1] = state.carried(config)
         return harm
 
+    def carry_alone(self) -> None:
+        """A request starts alone on an engine that held none: its text is new.  As `after`: the
+        batch-1 choice and both arms' estimates carry over as `warmup` rounds' worth of evidence
+        (no warm-up rounds, the next exploration after `explore_every`); fresh (warm-up first)
+        where both arms had not been measured."""
+        state = self._states.get(1)
+        if state is None:
+            return
+        if state.warming(self.config.warmup):
+            del self._states[1]
+        else:
+            self._states[1] = state.carried(self.config)
+
     def prompt_arm(self, batch: int) -> Arm:
         """The arm of a round that reads a prompt (not counted, not priced): SPECULATE (its
         candidates read in the same forward) unless plain is chosen on measured rounds (carried

@@ -15,10 +15,12 @@ from typing import Any, Callable, Iterator, Sequence
 
 from draftwise.backends.base import Backend
 from draftwise.backends.batch import BatchBackend
-from draftwise.batch import BatchDecoder
+from draftwise.runtime.engine import Engine
 from draftwise.batch_control import DoNoHarm
 from draftwise.cost_profile import BatchCostProfile, VerifyCostProfile
-from draftwise.engine import GenerationConfig, GenerationResult, SpeculativeDecoder
+from draftwise.runtime.round import GenerationConfig, GenerationResult, RequestRounds
+from draftwise.runtime.strategy import RoundStrategy
+from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.errors import InputError
 from draftwise.gate import CostGateConfig
 from draftwise.proposers.base import Proposer
@@ -93,7 +95,7 @@ class Decoder:
     def plain(self) -> "Decoder":
         return self.with_spec(self.spec.plain())
 
-    def batch(self, max_batch: int | None = None) -> BatchDecoder:
+    def batch(self, max_batch: int | None = None) -> Engine:
         """A batch engine on this decoder's target: up to `max_batch` (default: the spec's
         `batch=`, which `gate=auto` was planned for) requests share each round
         (`submit`, `cancel`, `step`, `events`, `generate_many`), each with this configuration and
@@ -156,14 +158,16 @@ def build_decoder(spec: DecoderSpec, target: Backend, draft: Backend | None = No
 
 
 def _engine(spec: DecoderSpec, target: Backend, draft: Backend | None, gate: CostGateConfig | None,
-            passes: DraftPasses | None = None) -> SpeculativeDecoder:
+            passes: DraftPasses | None = None, kind: type[RequestRounds] = SpeculativeDecoder) -> Any:
+    """A request's decoder of `kind`: one that decodes alone (`SpeculativeDecoder`) or a request
+    of an engine's batch (`RequestRounds`)."""
     proposers = make_proposers(spec, target, draft, passes)
     verifier = make_verifier(spec.verifier, [p.contract for p in proposers], spec.generation.policy)
     generation = replace(fitted_generation(spec), gate=gate)
-    return SpeculativeDecoder(verifying_target(proposers, target), proposers, verifier, generation)
+    return kind(verifying_target(proposers, target), proposers, verifier, generation)
 
 
-def batch_decoder(spec: DecoderSpec, target: BatchBackend, draft: Backend | None = None) -> BatchDecoder:
+def batch_decoder(spec: DecoderSpec, target: BatchBackend, draft: Backend | None = None) -> Engine:
     """A batch engine for a concrete spec: each request gets its own engine (proposers, verifier
     bound for its policy, gate state) on its own slot of `target`."""
     from draftwise.backends.batch import DraftSlot, keeps_hidden
@@ -196,20 +200,21 @@ def batch_decoder(spec: DecoderSpec, target: BatchBackend, draft: Backend | None
               else None)
     gate = gate_config(spec, target)  # the profile is read once, for every request
 
-    def decoder_for(slot: Backend, config: GenerationConfig) -> SpeculativeDecoder:
+    def decoder_for(slot: Backend, config: GenerationConfig) -> RequestRounds:
         generation = replace(spec.generation, max_new_tokens=config.max_new_tokens, policy=config.policy,
                              seed=config.seed, stop_strings=config.stop_strings)
         # each request drafts on a slot of its own (its own KV), freed with it (`SpeculativeDecoder.close`)
         request_draft = DraftSlot(drafts, drafts.open()) if drafts is not None else draft
         try:
-            return _engine(replace(spec, generation=generation), slot, request_draft, gate, passes)
+            return _engine(replace(spec, generation=generation), slot, request_draft, gate, passes, RequestRounds)
         except BaseException:
             if isinstance(request_draft, DraftSlot):
                 request_draft.close()
             raise
 
-    return BatchDecoder(target, decoder_for, spec.generation, profile=None if gate is None else gate.batch_profile,
-                        harm=DoNoHarm() if spec.guard is not Guard.OFF and drafter is not None else None)
+    strategy = RoundStrategy(DoNoHarm() if spec.guard is not Guard.OFF and drafter is not None else None,
+                             None if gate is None else gate.batch_profile, target.info.prompt_shares_round)
+    return Engine(target, decoder_for, spec.generation, strategy)
 
 
 def _batched_families() -> list[DrafterFamily[Any]]:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from draftwise.backends.dtype import DEFAULT_DTYPE, DtypeChoice, check_dtype
 from draftwise.backends.load import BACKENDS
 from draftwise.contracts import ProposerContract
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.errors import InputError
 from draftwise.models import DEFAULT_MODEL
 from draftwise.options import config_items

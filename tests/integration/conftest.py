@@ -50,7 +50,7 @@ def smol_chat_and_plain(smol_target, spec_bench_prompts):
     """(chat prompt, plain greedy answer of GREEDY_NEW tokens) for each of `spec_bench_prompts`
     on the transformers target, decoded once for every greedy-identity test."""
     from draftwise.build import build_decoder
-    from draftwise.engine import GenerationConfig
+    from draftwise.runtime.round import GenerationConfig
     from tests.helpers import make_spec
 
     plain = build_decoder(make_spec(GenerationConfig(max_new_tokens=GREEDY_NEW), proposer="none"), smol_target)

@@ -9,7 +9,8 @@ import pytest
 from draftwise.logs import progress_to
 from draftwise.spec import GateProfile
 from tests.helpers import make_spec
-from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.runtime.round import GenerationConfig
+from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.gate import CostGateConfig
 from draftwise.optimize.auto import AutoTreeConfig, auto_gate_directory
 from draftwise.optimize.auto_proposer import choose_proposer

@@ -18,7 +18,7 @@ from draftwise.backends.batch import Extend, GrowRound, VerifyCall
 from draftwise.backends.transformers import TransformersBackend
 from draftwise.backends.transformers_batch import TransformersBatch
 from draftwise.build import batch_decoder, build_decoder
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.proposers import heads as heads_module
 from draftwise.topology.compile import compile_round
 from tests.helpers import make_spec, path_to, result_from_paths
@@ -74,7 +74,7 @@ def shared_draft_rounds(batch, results) -> int:
     requests drafted in the same calls."""
     seen = {i: 0 for i in range(len(results))}  # the i-th batch round a request took part in is its i-th round
     shared = 0
-    for round_ in batch.rounds:
+    for round_ in batch.forwards:
         steps = []
         for request in round_.requests:
             steps.append(results[request].records[seen[request]].proposal_depth)
@@ -229,8 +229,8 @@ def test_heads_run_one_forward_per_level_for_every_request(tiny, family, tmp_pat
     assert [r.tokens for r in results] == [a.tokens for a in alone]
     assert [per_round(r) for r in results] == [per_round(a) for a in alone]
     levels = 1 if family == "medusa" else 2  # Medusa: every depth from one state; else a forward per level
-    assert max(r.draft_calls for r in batch.rounds) == levels
-    assert sum(len(r.requests) > 1 and r.draft_calls > 0 for r in batch.rounds) >= 5
+    assert max(r.draft_calls for r in batch.forwards) == levels
+    assert sum(len(r.requests) > 1 and r.draft_calls > 0 for r in batch.forwards) >= 5
 
 
 def test_head_outputs_handed_to_the_wrong_request_are_caught(tiny, tmp_path, monkeypatch):
@@ -270,7 +270,8 @@ def test_a_plain_round_chosen_by_the_guard_drafts_nothing(tiny, draft, drafter, 
     forward runs and each request verifies its pending row alone; outputs stay each request's
     alone.  Planted fault this catches: choosing the arm after drafting (the draft forwards of a
     plain round are paid and thrown away)."""
-    from draftwise.batch import BatchDecoder
+    from draftwise.runtime.engine import Engine
+    from draftwise.runtime.strategy import RoundStrategy
     from draftwise.batch_control import Arm, DoNoHarm
 
     from tests.integration.tiny_heads import random_headset, save_headset
@@ -287,10 +288,10 @@ def test_a_plain_round_chosen_by_the_guard_drafts_nothing(tiny, draft, drafter, 
             return (Arm.PLAIN if len(self.ledger) % 2 == 0 else Arm.SPECULATE), False
 
     healthy = batch_decoder(spec, TransformersBatch.from_backend(tiny, 3), model)
-    guarded = BatchDecoder(healthy.target, healthy.decoder_for, GREEDY, harm=Alternating())
+    guarded = Engine(healthy.target, healthy.decoder_for, GREEDY, RoundStrategy(Alternating()))
     results = guarded.generate_many(PROMPTS)
     assert [r.tokens for r in results] == alone
-    plain = [r.arm is Arm.PLAIN for r in guarded.harm.ledger]
+    plain = [r.arm is Arm.PLAIN for r in guarded.strategy.harm.ledger]
     assert sum(plain) >= 3 and not all(plain)
     records = [rec for res in results for rec in res.records]
     plain_records = [rec for rec in records if rec.guard_plain]
@@ -298,11 +299,13 @@ def test_a_plain_round_chosen_by_the_guard_drafts_nothing(tiny, draft, drafter, 
     # the batch's rounds whose every request played plain ran no draft forward
     by_request = {i: iter(res.records) for i, res in enumerate(results)}
     plain_rounds = 0
-    for round_ in guarded.rounds:
+    for round_ in guarded.forwards:
         recs = [next(by_request[i]) for i in round_.requests]
         if all(rec.guard_plain for rec in recs):
             plain_rounds += 1
-            assert round_.draft_calls == 0 and max(round_.rows) == 1, round_
+            assert round_.draft_calls == 0, round_
+            # a prompt read without candidates adds its prompt's rows; a steady plain round one row
+            assert all(rows == 1 for rec, rows in zip(recs, round_.rows) if not rec.reads_prompt), round_
     assert plain_rounds >= 3
 
 
@@ -357,7 +360,8 @@ def test_a_batchs_plain_rounds_carry_shadow_proposals_that_the_controller_counts
     make a shadow proposal, never verified; once the published tokens decide it, what it would
     have committed reaches the batch's controller as speculation's evidence.  Outputs stay each
     request's alone; a draft model (state of its own) is never asked in a plain round."""
-    from draftwise.batch import BatchDecoder
+    from draftwise.runtime.engine import Engine
+    from draftwise.runtime.strategy import RoundStrategy
     from draftwise.batch_control import Arm, DoNoHarm
 
     class Alternating(DoNoHarm):  # plain on every other steady round, speculation on the rest
@@ -367,19 +371,20 @@ def test_a_batchs_plain_rounds_carry_shadow_proposals_that_the_controller_counts
     spec = make_spec(GREEDY, proposer="prompt-lookup")
     alone = [build_decoder(spec, tiny).generate(p).tokens for p in PROMPTS]
     healthy = batch_decoder(spec, TransformersBatch.from_backend(tiny, 3))
-    guarded = BatchDecoder(healthy.target, healthy.decoder_for, GREEDY, harm=Alternating())
+    guarded = Engine(healthy.target, healthy.decoder_for, GREEDY, RoundStrategy(Alternating()))
     results = guarded.generate_many(PROMPTS)
     assert [r.tokens for r in results] == alone
     shadowed = [rec for res in results for rec in res.records if rec.shadowed]
     assert shadowed and all(rec.guard_plain and rec.nodes == 0 for rec in shadowed)
-    assert sum(state.shadows for state in guarded.harm._states.values()) > 0
+    assert sum(state.shadows for state in guarded.strategy.harm._states.values()) > 0
 
 
 def test_a_round_where_a_request_joins_plays_the_chosen_arm_for_the_others(tiny):
     """A round in which a request reads its prompt is not priced, but the batch's other requests
     still play the arm the guard chose: with plain chosen they verify their pending rows alone.
     Planted fault this catches: such rounds speculating unguarded (one per join in a closed loop)."""
-    from draftwise.batch import BatchDecoder
+    from draftwise.runtime.engine import Engine
+    from draftwise.runtime.strategy import RoundStrategy
     from draftwise.batch_control import Arm, DoNoHarm
 
     class Plain(DoNoHarm):  # the guard has settled on plain at every batch size
@@ -396,12 +401,12 @@ def test_a_round_where_a_request_joins_plays_the_chosen_arm_for_the_others(tiny)
     alone = [build_decoder(make_spec(c, proposer="prompt-lookup", lookup=3), tiny).generate(p).tokens
              for p, c in zip(PROMPTS, configs)]
     healthy = batch_decoder(spec, TransformersBatch.from_backend(tiny, 2))
-    guarded = BatchDecoder(healthy.target, healthy.decoder_for, GREEDY, harm=Plain())
+    guarded = Engine(healthy.target, healthy.decoder_for, GREEDY, RoundStrategy(Plain()))
     results = guarded.generate_many(PROMPTS, configs)
     assert [r.tokens for r in results] == alone
     by_request = {i: iter(res.records) for i, res in enumerate(results)}
     joins = 0
-    for round_ in guarded.rounds:
+    for round_ in guarded.forwards:
         records = [next(by_request[i]) for i in round_.requests]
         if any(rec.reads_prompt for rec in records) and len(records) > 1:
             joins += 1

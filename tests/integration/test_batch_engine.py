@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from draftwise.backends.transformers_batch import TransformersBatch
-from draftwise.batch import BatchDecoder, Failed, Finished, Tokens
+from draftwise.runtime.engine import Engine, Failed, Finished, Tokens
+from draftwise.runtime.strategy import RoundStrategy
 from draftwise.batch_control import Arm, DoNoHarm
 from draftwise.build import batch_decoder, build_decoder
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.errors import BackendError, ContractError, InputError
 from draftwise.sampling import SamplingPolicy
 from draftwise.spec import Guard
@@ -36,7 +37,7 @@ def solo(target, spec, prompt) -> tuple[int, ...]:
     return build_decoder(spec, target).generate(prompt).tokens
 
 
-def batch_of(target, spec, max_slots: int) -> BatchDecoder:
+def batch_of(target, spec, max_slots: int) -> Engine:
     return batch_decoder(spec, TransformersBatch.from_backend(target, max_slots))
 
 
@@ -50,15 +51,15 @@ def test_greedy_batch_is_each_request_decoded_alone(tiny, options):
     batch = batch_of(tiny, spec, max_slots=3)  # 7 requests through 3 slots: joins and leaves between rounds
     results = batch.generate_many(PROMPTS)
     assert [r.tokens for r in results] == alone
-    shared = [r for r in batch.rounds if len(r.requests) > 1]
-    assert shared and max(len(r.requests) for r in batch.rounds) == 3
+    shared = [r for r in batch.forwards if len(r.requests) > 1]
+    assert shared and max(len(r.requests) for r in batch.forwards) == 3
     for request, (prompt, result) in enumerate(zip(PROMPTS, results)):  # each row's origin_request is its own
-        rows = [int((r.origin_request == request).sum()) for r in batch.rounds if request in r.requests]
+        rows = [int((r.origin_request == request).sum()) for r in batch.forwards if request in r.requests]
         assert rows == [(len(prompt) - 1 if k == 0 else 0) + 1 + record.nodes for k, record in enumerate(result.records)]
     if options["proposer"] != "none" and options.get("guard") == "false":
         assert sum(res.stats.mean_accepted > 0 for res in results) >= 3  # speculation really happened
     if options.get("guard") is None and options["proposer"] != "none":  # the guard played both arms
-        assert batch.harm is not None and {r.arm for r in batch.harm.ledger} == {Arm.PLAIN, Arm.SPECULATE}
+        assert batch.strategy.harm is not None and {r.arm for r in batch.strategy.harm.ledger} == {Arm.PLAIN, Arm.SPECULATE}
 
 
 def test_events_stream_each_request_and_leave_at_once(tiny):
@@ -112,7 +113,7 @@ def test_a_proposer_error_mid_generation_fails_its_request_only(tiny):
             proposer.propose = broken
         return decoder
 
-    batch = BatchDecoder(target, decoder_for, GREEDY)
+    batch = Engine(target, decoder_for, GREEDY)
     outcome = batch.generate_many([PROMPTS[0], PROMPTS[3], PROMPTS[1]],
                                   [GREEDY, replace(GREEDY, seed=99), GREEDY])
     assert isinstance(outcome[1], RuntimeError) and "planted" in str(outcome[1])
@@ -143,11 +144,11 @@ def test_a_planted_fault_sending_logits_to_the_wrong_request_is_caught(tiny):
     spec = make_spec(GREEDY, proposer="none")
     alone = [solo(tiny, spec, p) for p in PROMPTS[:3]]
 
-    class Rotated(BatchDecoder):
-        def _verify(self, waiting, *arm):
-            pairs = super()._verify(waiting, *arm)
+    class Rotated(Engine):
+        def _verify(self, waiting):
+            pairs, forward = super()._verify(waiting)
             logits = [logits for _, logits in pairs]
-            return list(zip([r for r, _ in pairs], logits[1:] + logits[:1]))
+            return list(zip([r for r, _ in pairs], logits[1:] + logits[:1])), forward
 
     healthy = batch_of(tiny, spec, 3)
     faulty = Rotated(healthy.target, healthy.decoder_for, GREEDY)
@@ -281,15 +282,12 @@ def test_a_batch_gate_prices_rows_by_the_batch_size(tiny, tmp_path):
 
 
 def _waiting_request(request_id, paths, expected):
-    from draftwise.batch import _Request
-    from draftwise.engine import VerifyRequest
+    from draftwise.runtime.round import VerifyRequest
     from draftwise.topology.compile import compile_round
     from tests.helpers import result_from_paths
 
     round_ = compile_round(10, [result_from_paths(paths)])
-    request = _Request(request_id, (1, 2), GREEDY)
-    request.waiting = VerifyRequest(5, round_, (), expected)
-    return request
+    return request_id, VerifyRequest(5, round_, (), expected)
 
 
 def test_the_batch_cuts_every_gated_round_to_the_depth_that_pays_for_the_batch(tiny):
@@ -304,15 +302,13 @@ def test_the_batch_cuts_every_gated_round_to_the_depth_that_pays_for_the_batch(t
 
     sure = _waiting_request(0, [[1, 2, 3, 4]], (0.0, 0.9, 1.7, 2.4, 3.0))
     unlikely = _waiting_request(1, [[5, 6, 7, 1]], (0.0, 0.1, 0.12, 0.13, 0.14))
-    target = TransformersBatch.from_backend(tiny, 2)
-    costly = BatchDecoder(target, lambda *a: None, GREEDY, profile=BatchCostProfile({2: profile([1, 1.9, 2.8, 3.7, 4.6])}))
-    cut = costly._batch_depth([sure, unlikely])
+    costly = RoundStrategy(profile=BatchCostProfile({2: profile([1, 1.9, 2.8, 3.7, 4.6])}))
+    cut = costly.cuts([sure, unlikely])
     assert {i: r.n for i, r in cut.items()} == {0: 0, 1: 0}  # (1 + 1) / 1 beats (1.9 + 1.1) / 1.9 and deeper
-    cheap = BatchDecoder(target, lambda *a: None, GREEDY, profile=BatchCostProfile({2: profile([1.0] * 5)}))
-    assert cheap._batch_depth([sure, unlikely]) == {}  # free rows: nothing is cut
-    middling = BatchDecoder(target, lambda *a: None, GREEDY,
-                            profile=BatchCostProfile({2: profile([1.0, 1.05, 1.1, 2.5, 3.0])}))
-    assert {i: r.n for i, r in middling._batch_depth([sure, unlikely]).items()} == {0: 2, 1: 2}  # (2.7 + 1.12) / 1.1 = 3.47 beats 2.86, 2 and 1.8
+    cheap = RoundStrategy(profile=BatchCostProfile({2: profile([1.0] * 5)}))
+    assert cheap.cuts([sure, unlikely]) == {}  # free rows: nothing is cut
+    middling = RoundStrategy(profile=BatchCostProfile({2: profile([1.0, 1.05, 1.1, 2.5, 3.0])}))
+    assert {i: r.n for i, r in middling.cuts([sure, unlikely]).items()} == {0: 2, 1: 2}  # (2.7 + 1.12) / 1.1 = 3.47 beats 2.86, 2 and 1.8
 
 
 def test_the_guard_cuts_to_plain_rounds_when_they_measure_faster_and_output_is_unchanged(tiny):
@@ -328,12 +324,12 @@ def test_the_guard_cuts_to_plain_rounds_when_they_measure_faster_and_output_is_u
             super().observe(batch, arm, tokens, seconds * (10.0 if arm is Arm.SPECULATE else 1.0), explored)
 
     healthy = batch_of(tiny, spec, 3)
-    guarded = BatchDecoder(healthy.target, healthy.decoder_for, GREEDY, harm=SlowSpeculation())
+    guarded = Engine(healthy.target, healthy.decoder_for, GREEDY, RoundStrategy(SlowSpeculation()))
     results = guarded.generate_many(PROMPTS)
     assert [r.tokens for r in results] == alone
-    at_three = [r for r in guarded.harm.ledger if r.batch == 3]
+    at_three = [r for r in guarded.strategy.harm.ledger if r.batch == 3]
     assert sum(r.arm is Arm.PLAIN for r in at_three) > 0.6 * len(at_three)
-    plain_rounds = [r for r in guarded.rounds if len(r.requests) == 3 and max(r.rows) == 1]
+    plain_rounds = [r for r in guarded.forwards if len(r.requests) == 3 and max(r.rows) == 1]
     assert plain_rounds  # the plain arm really verified one row per request
 
 
@@ -348,7 +344,7 @@ def test_a_guard_adds_candidate_rows_to_a_prompt_read_only_where_speculation_mea
     alone = solo(tiny, spec, prompt)
 
     def prompt_rows(decoder):
-        return list(decoder.rounds[0].rows)
+        return list(decoder.forwards[0].rows)
 
     unguarded = batch_of(tiny, replace(spec, guard=Guard.OFF), 3)
     assert [r.tokens for r in unguarded.generate_many(prompts)] == [alone] * 3
@@ -363,27 +359,28 @@ def test_a_guard_adds_candidate_rows_to_a_prompt_read_only_where_speculation_mea
         def proven(self, batch):
             return True
 
-    trusting = BatchDecoder(guarded.target, guarded.decoder_for, GREEDY, harm=Proven())
+    trusting = Engine(guarded.target, guarded.decoder_for, GREEDY, RoundStrategy(Proven()))
     assert [r.tokens for r in trusting.generate_many(prompts)] == [alone] * 3
     assert prompt_rows(trusting) == prompt_rows(unguarded)
 
 
 def test_a_round_answered_with_rows_that_are_not_a_cut_of_it_is_refused(tiny):
-    from draftwise.engine import Verified
+    from draftwise.runtime.round import Verified
 
     spec = make_spec(GREEDY, proposer="prompt-lookup", lookup=3)
 
-    class Forged(BatchDecoder):
-        def _verify(self, waiting, *arm):
-            pairs = super()._verify(waiting, *arm)
+    class Forged(Engine):
+        def _verify(self, waiting):
+            rounds = {request.id: request.stop.round_ for request in waiting}
+            pairs, forward = super()._verify(waiting)
             forged = []
             for request, logits in pairs:
-                round_ = request.waiting.round_ if request.waiting is not None else None
+                round_ = rounds[request.id]
                 if round_ is not None and round_.n and not isinstance(logits, BaseException):
-                    other = _waiting_request(99, [[(int(round_.token_ids[0]) + 1) % V]], (0.0, 0.5)).waiting.round_
+                    other = _waiting_request(99, [[(int(round_.token_ids[0]) + 1) % V]], (0.0, 0.5))[1].round_
                     logits = Verified(other, logits)
                 forged.append((request, logits))
-            return forged
+            return forged, forward
 
     healthy = batch_of(tiny, spec, 2)
     outcome = Forged(healthy.target, healthy.decoder_for, GREEDY).generate_many(PROMPTS[:2])
@@ -407,7 +404,7 @@ def test_llamacpp_batches_every_request_and_parts_from_plain_only_at_near_ties()
     prompts = llamacpp_prompts(target)
     shared = batch_decoder(spec, open_batch(target, 3))
     results = shared.generate_many(prompts)
-    assert max(len(r.requests) for r in shared.rounds) == 3
+    assert max(len(r.requests) for r in shared.forwards) == 3
     assert_parts_only_at_near_ties(target, spec, prompts, results)
 
 
@@ -457,25 +454,28 @@ def test_a_llamacpp_draft_model_drafts_for_the_whole_batch_in_one_decode_per_ste
     assert_parts_only_at_near_ties(target, spec, prompts, results)
 
 
-def test_an_arm_request_is_asked_before_proposing_and_answered_with_an_arm_only(tiny):
-    """With `ask_arm`, the first round (it reads the prompt) asks nothing; every later round stops
-    at an `ArmRequest` before its proposals; an answer that is not an `Arm` is refused."""
-    from draftwise.engine import ArmRequest, VerifyRequest
+def test_every_round_asks_before_proposing_and_takes_orders_only(tiny):
+    """Every round stops at an `Ask` before its proposals (round 1 says it reads the prompt); a
+    plain order proposes nothing; an answer that is not `Orders` is refused."""
+    from draftwise.runtime.round import Ask, Orders, VerifyRequest
 
     spec = make_spec(GREEDY, proposer="prompt-lookup", lookup=3, guard="false")
     decoder = build_decoder(spec, tiny)
-    run = decoder.coroutine(PROMPTS[1], lambda: 1, ask_arm=True)
+    run = decoder.coroutine(PROMPTS[1])
     first = run.send(None)
-    assert isinstance(first, VerifyRequest) and first.unread  # round 1: no arm asked
-    step = run.send(tiny.verify(first.pending, first.round_, unread=first.unread))
-    while not isinstance(step, ArmRequest):  # the published tokens, then round 2's question
+    assert first == Ask(reads_prompt=True)
+    verify = run.send(Orders())
+    assert isinstance(verify, VerifyRequest) and verify.unread
+    step = run.send(tiny.verify(verify.pending, verify.round_, unread=verify.unread))
+    while not isinstance(step, Ask):  # the published tokens, then round 2's question
         assert not isinstance(step, VerifyRequest)
         step = run.send(None)
-    plain = run.send(Arm.PLAIN)
+    assert step == Ask(reads_prompt=False)
+    plain = run.send(Orders(Arm.PLAIN))
     assert isinstance(plain, VerifyRequest) and plain.round_ is None  # nothing proposed
     step = run.send(tiny.verify(plain.pending, None))
-    while not isinstance(step, ArmRequest):
+    while not isinstance(step, Ask):
         step = run.send(None)
-    with pytest.raises(ContractError, match="answered with an Arm"):
-        run.send("speculate")
+    with pytest.raises(ContractError, match="answered with Orders"):
+        run.send(Arm.SPECULATE)
     run.close()

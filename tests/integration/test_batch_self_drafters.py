@@ -16,7 +16,7 @@ from draftwise.backends.layer_skip_batch import LayerSkipBatch
 from draftwise.backends.transformers_batch import TransformersBatch
 from draftwise.selfdraft.skipset import SkipSet
 from draftwise.build import batch_decoder, build_decoder
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.errors import InputError
 from tests.helpers import make_spec
 from tests.integration.test_batch_drafting import draft_many_scenario, shared_draft_rounds
@@ -53,7 +53,7 @@ def test_each_request_drafts_on_a_pass_of_its_own_and_decodes_as_alone(target, t
     assert [r.tokens for r in results] == [a.tokens for a in alone]
     assert [accepted_per_round(r) for r in results] == [accepted_per_round(a) for a in alone]
     assert sum(sum(r.from_draft) for r in results) > 0  # drafts were accepted
-    assert max(len(r.requests) for r in batch.rounds) == 2
+    assert max(len(r.requests) for r in batch.forwards) == 2
     # one composed forward per draft level for the whole round, several requests drafting in it
     assert shared_draft_rounds(batch, results) >= 3
 

@@ -19,7 +19,7 @@ from draftwise.bench.peers import HfExecutor
 from draftwise.bench.pool import ModelPool
 from draftwise.bench.runner import BenchSettings
 from draftwise.build import batch_decoder, build_decoder
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from tests.helpers import make_spec
 from tests.integration.tiny_models import tiny_backend
 
@@ -72,7 +72,7 @@ def test_closed_loop_keeps_b_in_flight_and_each_answer_alone(tiny, alone):
     run = run_closed_loop(engine, PROMPTS, 2, GREEDY)
     assert [r.question_id for r in run.requests] == [q for q, _ in PROMPTS]
     assert {r.question_id: r.tokens for r in run.requests} == lookup_alone
-    assert max(len(r.requests) for r in engine.rounds) == 2 and run.forwards == len(engine.rounds)
+    assert max(len(r.requests) for r in engine.forwards) == 2 and run.forwards == len(engine.forwards)
     ends = sorted(r.chunk_offsets[-1] for r in run.requests)
     for request in run.requests:
         assert sum(request.chunk_tokens) == len(request.tokens)

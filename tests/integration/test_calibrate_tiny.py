@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from draftwise.contracts import SamplingRelation
-from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.runtime.round import GenerationConfig
+from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.optimize.calibrate import calibrate, profile_from_counts
 from draftwise.proposers.draft_model import calibrated_config
 from draftwise.proposers.draft_model import DraftModelProposer

@@ -6,7 +6,8 @@ import pytest
 
 from draftwise.backends.base import ContextOverflow
 from draftwise.contracts import ManifestMismatch
-from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.runtime.round import GenerationConfig
+from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer, TokenizerMismatch
 from draftwise.proposers.prompt_lookup import PromptLookupProposer
 from draftwise.verify.base import IncompatibleVerifier

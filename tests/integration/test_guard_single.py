@@ -11,7 +11,8 @@ import pytest
 
 from draftwise.batch_control import DoNoHarmConfig
 from draftwise.build import build_decoder
-from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.runtime.round import GenerationConfig
+from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.errors import InputError
 from draftwise.proposers.prompt_lookup import PromptLookupProposer
 from draftwise.sampling import SamplingPolicy

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.runtime.round import GenerationConfig
+from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.proposers.heads import HeadsConfig, HeadsProposer
 from draftwise.topology.compile import compile_round
 from draftwise.topology.templates import cartesian

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from draftwise.contracts import SamplingRelation
-from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.runtime.round import GenerationConfig
+from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.proposers.heads import HeadsConfig, HeadsProposer
 from draftwise.sampling import SamplingPolicy
 from draftwise.topology.templates import cartesian

@@ -140,7 +140,8 @@ def test_token_weights_are_the_models_embedding_and_lm_head():
 def test_a_generation_tracks_hidden_states_only_when_a_proposer_reads_them():
     """Tracking costs a plain step 3-5%: a plain decoder on a backend that a heads decoder used
     before must run untracked, and the heads decoder tracked again."""
-    from draftwise.engine import GenerationConfig, SpeculativeDecoder
+    from draftwise.runtime.round import GenerationConfig
+    from draftwise.runtime.decoder import SpeculativeDecoder
     from draftwise.proposers.heads import HeadsConfig, HeadsProposer
     from draftwise.verify.greedy import GreedyVerifier
     from tests.integration.tiny_heads import random_headset

@@ -8,7 +8,7 @@ leaves the output untouched, and the shipped sets add that accepted drafts do to
 import pytest
 
 from draftwise.build import build_decoder
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.heads.artifact import load_heads
 from draftwise.heads.defaults import shipped_heads
 from tests.helpers import make_spec

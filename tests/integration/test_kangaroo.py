@@ -17,7 +17,8 @@ import torch
 
 from draftwise.backends.layer_skip import LayerSkipBackend
 from draftwise.build import build_decoder
-from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.runtime.round import GenerationConfig
+from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.errors import ArtifactError
 from draftwise.proposers.family import DrafterResources
 from draftwise.proposers.kangaroo import KangarooConfig, open_kangaroo

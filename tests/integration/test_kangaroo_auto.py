@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from draftwise.build import build_decoder
-from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.runtime.round import GenerationConfig
+from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.errors import InputError
 from draftwise.optimize.kangaroo_auto import DATA, KangarooAutoSettings, auto_kangaroo
 from draftwise.optimize.kangaroo_tune import ETA_GRID

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from draftwise.build import build_decoder
-from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.runtime.round import GenerationConfig
+from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.proposers.layer_skip import LayerSkipConfig, SelfDraftProposer, open_layer_skip
 from draftwise.proposers.family import DrafterResources
 from draftwise.sampling import SamplingPolicy

@@ -19,7 +19,8 @@ import pytest
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install draftwise[llamacpp])")
 
 from draftwise.backends.llamacpp import LlamaCppBackend  # noqa: E402
-from draftwise.engine import GenerationConfig, SpeculativeDecoder  # noqa: E402
+from draftwise.runtime.round import GenerationConfig
+from draftwise.runtime.decoder import SpeculativeDecoder  # noqa: E402
 from draftwise.models import resolve  # noqa: E402
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer  # noqa: E402
 from draftwise.proposers.prompt_lookup import PromptLookupConfig, PromptLookupProposer  # noqa: E402

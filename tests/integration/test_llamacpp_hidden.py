@@ -28,7 +28,8 @@ from draftwise.backends.base import supports_hidden  # noqa: E402
 from draftwise.backends.llamacpp import LlamaCppBackend  # noqa: E402
 from draftwise.contracts import ProbabilitySemantics, ProposalNode, ProposalResult, ProposerContract  # noqa: E402
 from draftwise.contracts import SamplingRelation, TopologyKind  # noqa: E402
-from draftwise.engine import GenerationConfig, SpeculativeDecoder  # noqa: E402
+from draftwise.runtime.round import GenerationConfig
+from draftwise.runtime.decoder import SpeculativeDecoder  # noqa: E402
 from draftwise.heads.arch import HeadArch, make_heads  # noqa: E402
 from draftwise.heads.artifact import HeadTarget, load_heads, save_heads  # noqa: E402
 from draftwise.models import resolve  # noqa: E402

@@ -31,7 +31,8 @@ from draftwise.backends.llamacpp import (  # noqa: E402
     LlamaCppBackend,
 )
 from draftwise.cost_profile import VerifyCostProfile  # noqa: E402
-from draftwise.engine import GenerationConfig, SpeculativeDecoder  # noqa: E402
+from draftwise.runtime.round import GenerationConfig
+from draftwise.runtime.decoder import SpeculativeDecoder  # noqa: E402
 from draftwise.gate import CostGateConfig  # noqa: E402
 from draftwise.logits import NumpyLogits  # noqa: E402
 from draftwise.models import resolve  # noqa: E402

@@ -4,7 +4,8 @@ keeps exactly the committed text, and its next proposal equals a fresh run's."""
 import numpy as np
 
 from draftwise.contracts import ProposalResult
-from draftwise.engine import GenerationConfig, SpeculativeDecoder, feedback_for
+from draftwise.runtime.round import GenerationConfig, feedback_for
+from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.proposers.base import RoundFeedback
 from draftwise.proposers.draft_model import DraftCacheMark, DraftConfig, DraftModelProposer
 from draftwise.sampling import SamplingPolicy

@@ -2,7 +2,8 @@
 
 import pytest
 
-from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.runtime.round import GenerationConfig
+from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.proposers.retrieval.index import build_from_token_documents
 from draftwise.proposers.retrieval.proposer import RestProposer
 from draftwise.verify.registry import make_verifier

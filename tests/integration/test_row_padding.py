@@ -19,7 +19,7 @@ from draftwise.backends.batch import Extend, GrowRound, VerifyCall
 from draftwise.backends.row_padding import RowPadding, padded_rows
 from draftwise.backends.transformers import TransformersBackend
 from draftwise.build import build_decoder
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.topology.compile import compile_round
 from tests.helpers import make_spec, path_to, result_from_paths
 from draftwise.backends.transformers_batch import TransformersBatch

@@ -11,7 +11,8 @@ import pytest
 
 from draftwise.backends.transformers_batch import TransformersBatch
 from draftwise.build import batch_decoder, build_decoder
-from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.runtime.round import GenerationConfig
+from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.sampling import SamplingPolicy
 from draftwise.verify.membership import MembershipVerifier
 from tests.helpers import make_spec

@@ -41,7 +41,7 @@ def server(tmp_path_factory):
 def reference():
     """(prompt, chat) -> (greedy tokens of MAX_NEW, detokenize, eos): `Decoder.generate` alone, plain decoding."""
     from draftwise.api import open_decoder
-    from draftwise.engine import GenerationConfig
+    from draftwise.runtime.round import GenerationConfig
     from draftwise.spec import DecoderSpec
 
     spec = DecoderSpec(target=MODEL, backend="transformers", dtype="float32", threads=1,

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import pytest
 
 from draftwise.backends.transformers_batch import TransformersBatch
-from draftwise.batch import BatchDecoder
+from draftwise.runtime.engine import Engine
 from draftwise.build import batch_decoder, build_decoder
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.serve.config import ServeConfig
 from draftwise.serve.engine_worker import Delta, Done, EngineWorker, Refused
 from draftwise.serve.metrics import ServeMetrics
@@ -48,7 +48,7 @@ class Collected:
                 return update
 
 
-def worker_on(tiny, batch: BatchDecoder | None = None, clock=None, **limits) -> EngineWorker:
+def worker_on(tiny, batch: Engine | None = None, clock=None, **limits) -> EngineWorker:
     config = ServeConfig(model="tiny", max_batch=2, **limits)
     batch = batch or batch_decoder(SPEC, TransformersBatch.from_backend(tiny, 2))
     extra = {} if clock is None else {"clock": clock}
@@ -104,7 +104,7 @@ def test_a_prompt_the_model_cannot_take_is_refused_with_its_error(tiny):
         worker.close(30)
 
 
-class _FailsOnce(BatchDecoder):
+class _FailsOnce(Engine):
     """A batch whose first round raises (a bug below the server)."""
 
     failed: bool = False

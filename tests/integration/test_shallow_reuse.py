@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from draftwise.backends.shallow_reuse import ShallowReuseBackend
-from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.runtime.round import GenerationConfig
+from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.proposers.family import DrafterResources
 from draftwise.proposers.kangaroo import KangarooConfig, open_kangaroo
 from draftwise.sampling import SamplingPolicy

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from draftwise.build import build_decoder
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.errors import ArtifactError, InputError
 from draftwise.optimize.skip_search import SearchRecipe, search_skip, write_search
 from draftwise.proposers.layer_skip import LayerSkipConfig

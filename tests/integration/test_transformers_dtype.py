@@ -12,7 +12,7 @@ from draftwise.backends import dtype as dtype_module
 from draftwise.backends.dtype import DtypeTiming, choose_dtype
 from draftwise.backends.load import load_backend
 from draftwise.preflight import preflight
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.errors import InputError
 from draftwise.spec import DecoderSpec
 from draftwise.parse import spec_from_options

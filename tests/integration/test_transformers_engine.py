@@ -2,7 +2,8 @@
 
 import pytest
 
-from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.runtime.round import GenerationConfig
+from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer
 from draftwise.proposers.prompt_lookup import PromptLookupConfig, PromptLookupProposer
 from draftwise.topology.templates import parse_template

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from draftwise.contracts import SamplingRelation
-from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.runtime.round import GenerationConfig
+from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer
 from draftwise.proposers.prompt_lookup import PromptLookupConfig, PromptLookupProposer
 from draftwise.sampling import SamplingPolicy

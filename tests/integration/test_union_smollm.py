@@ -7,7 +7,7 @@ import pytest
 
 from draftwise.backends.load import open_batch
 from draftwise.build import batch_decoder, build_decoder
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from tests.helpers import make_spec
 from tests.integration.conftest import GREEDY_NEW
 

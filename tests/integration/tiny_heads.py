@@ -12,7 +12,8 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.runtime.round import GenerationConfig
+from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.heads.arch import HeadArch, make_heads
 from draftwise.heads.artifact import HeadSet, HeadTarget, save_heads
 from draftwise.sampling import SamplingPolicy

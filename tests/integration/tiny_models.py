@@ -17,7 +17,8 @@ from scipy.stats import chisquare
 
 from draftwise.backends.base import BackendInfo
 from draftwise.backends.transformers import TorchLogits, TransformersBackend
-from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.runtime.round import GenerationConfig
+from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.sampling import SamplingPolicy
 from draftwise.logits import NumpyLogits
 

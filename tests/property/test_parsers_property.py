@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from draftwise import spec_from_options
 from draftwise.bench.methods import MethodDefaults, parse_method, parse_pairs
 from draftwise.cli.common import split_settings
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.errors import InputError, ModelError
 from draftwise.topology.templates import MAX_TEMPLATE_NODES, parse_template
 from draftwise.topology.tree_spec import parse_tree

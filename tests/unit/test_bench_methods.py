@@ -13,7 +13,7 @@ from draftwise.bench.methods import (
     parse_pairs,
     references,
 )
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.spec import CALIBRATION_WORKLOAD, AutoGate, GateProfile
 from draftwise.topology.templates import parse_template
 

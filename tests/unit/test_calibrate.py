@@ -15,7 +15,7 @@ from draftwise.plan import read_tree_artifact
 from tests.helpers import make_spec
 from draftwise.cli import app
 from draftwise.contracts import TopologyKind
-from draftwise.engine import GenerationConfig, slot_path
+from draftwise.runtime.round import GenerationConfig, slot_path
 from draftwise.optimize.acceptance import AcceptanceProfile
 from draftwise.optimize.select import draft_round_steps
 from draftwise.optimize.calibrate import calibrate, calibration_spec, count_slots

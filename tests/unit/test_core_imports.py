@@ -8,7 +8,7 @@ from pathlib import Path
 
 CORE = (
     "draftwise.contracts",
-    "draftwise.engine",
+    "draftwise.runtime.decoder",
     "draftwise.sampling",
     "draftwise.topology",
     "draftwise.verify",

@@ -5,7 +5,7 @@ import pytest
 
 from draftwise.api import open_decoder
 from draftwise.bench.methods import MethodDefaults, MethodError, parse_method
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.errors import InputError
 from draftwise.proposers.registry import DRAFTERS
 from draftwise.sampling import SamplingPolicy

@@ -140,13 +140,13 @@ def test_the_checker_catches_a_planted_upward_import(tmp_path):
     planted = tmp_path / "engine.py"
     planted.write_text("def f():\n    from draftwise.optimize.auto import auto_tree\n")
     found = imports(planted, modules())
-    assert [(t, layer(t)) for t, _ in found] == [("draftwise.optimize.auto", 5)] and layer("draftwise.engine") > 5
+    assert [(t, layer(t)) for t, _ in found] == [("draftwise.optimize.auto", 5)] and layer("draftwise.runtime.engine") > 5
 
 
 def test_the_stage_modules_sit_in_their_layers():
     """A planted rename (plan back into the runtime layer) must not pass unnoticed."""
     assert [layer(m) for m in ("draftwise.cli.main", "draftwise.api", "draftwise.parse", "draftwise.plan",
-                               "draftwise.optimize.auto", "draftwise.build", "draftwise.engine")] == [0, 2, 3, 4, 5, 6, 7]
+                               "draftwise.optimize.auto", "draftwise.build", "draftwise.runtime.engine")] == [0, 2, 3, 4, 5, 6, 7]
     assert all(m in modules() for m in ("draftwise.api", "draftwise.parse", "draftwise.plan", "draftwise.build"))
 
 
@@ -209,8 +209,8 @@ def test_the_walk_tracer_sees_real_calls_and_a_planted_climb():
     traced_walk, _ = traced(lambda: plan_module.check(DecoderSpec()))
     assert ("draftwise.plan", "draftwise.preflight") in traced_walk.calls and traced_walk.climbs() == []
     planted = Walk()
-    planted.calls = [("draftwise.api", "draftwise.build"), ("draftwise.engine", "draftwise.plan")]
-    assert planted.climbs() == [("draftwise.engine", "draftwise.plan")] and planted.entries("draftwise.build") == 1
+    planted.calls = [("draftwise.api", "draftwise.build"), ("draftwise.runtime.engine", "draftwise.plan")]
+    assert planted.climbs() == [("draftwise.runtime.engine", "draftwise.plan")] and planted.entries("draftwise.build") == 1
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +228,7 @@ def test_open_decoder_walks_the_spec_straight_down(tiny_with_profile):
     from draftwise.api import open_decoder
 
     target, profile = tiny_with_profile
-    from draftwise.engine import GenerationConfig
+    from draftwise.runtime.round import GenerationConfig
     from draftwise.spec import DecoderSpec
 
     base = DecoderSpec(backend="transformers", generation=GenerationConfig(max_new_tokens=4))

@@ -82,7 +82,7 @@ def test_a_trace_from_records_takes_round_one_and_the_median_step():
 def test_auto_skips_candidates_a_trace_cannot_replay_and_says_why_when_nothing_fits():
     from dataclasses import replace as _replace
 
-    from draftwise.engine import GenerationConfig
+    from draftwise.runtime.round import GenerationConfig
 
     from draftwise.optimize.auto_proposer import auto_preflight, candidate_specs
     from draftwise.sampling import SamplingPolicy

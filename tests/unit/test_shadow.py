@@ -108,24 +108,30 @@ def test_shadows_are_spaced_to_keep_their_cost_within_the_budget(budget, shadowe
         cheap.track(0, round_, cost=0.0001, plain_seconds=0.035)  # prompt lookup: every round
 
 
-def test_a_shadow_is_priced_by_its_own_rows_on_the_gates_profile():
-    """With a gate, a shadow round costs its proposal plus a plain round scaled by t(1 + rows):
-    an empty proposal a plain round, a long one what its rows cost where rows are dear.
-    Without a gate an empty proposal costs a plain round and a proposal the arm's mean (None)."""
+def test_a_shadow_is_priced_by_its_own_rows_on_the_profile():
+    """With a profile, a shadow round costs its proposal plus a plain round scaled by t(1 + rows):
+    an empty proposal a plain round, a long one what its rows cost where rows are dear; in a batch
+    of B, every request's proposal and t_B.  Without one, an empty proposal costs a plain round
+    and its proposals, and a proposal with rows the arm's mean (None)."""
     from draftwise.batch_control import Arm, DoNoHarm, DoNoHarmConfig
-    from draftwise.cost_profile import VerifyCostProfile
-    from draftwise.engine import shadow_price
-    from draftwise.gate import CostGate, CostGateConfig
+    from draftwise.cost_profile import BatchCostProfile, VerifyCostProfile
+    from draftwise.runtime.strategy import RoundStrategy
     from draftwise.shadow import ShadowOutcome
 
     harm = DoNoHarm(DoNoHarmConfig(warmup=1))
-    assert shadow_price(ShadowOutcome(1, 0, 0.0), None, harm) is None  # no plain round measured yet
-    harm.observe(1, Arm.PLAIN, 1, 0.010, False)
     profile = VerifyCostProfile(rows=(1, 4, 11), relative=(1.0, 1.5, 2.5), absolute_s=None, model="m", backend="b",
                                 threads=1, machine="x")
-    gate = CostGate(CostGateConfig(profile))
-    assert shadow_price(ShadowOutcome(1, 0, 0.001), gate, harm) == pytest.approx(0.011)
-    assert shadow_price(ShadowOutcome(4, 10, 0.001), gate, harm) == pytest.approx(0.001 + 0.025)
-    assert shadow_price(ShadowOutcome(4, 30, 0.0), gate, harm) == pytest.approx(0.025)  # no more than measured
-    assert shadow_price(ShadowOutcome(1, 0, 0.001), None, harm) == pytest.approx(0.011)
-    assert shadow_price(ShadowOutcome(3, 5, 0.001), None, harm) is None
+    priced, unpriced = RoundStrategy(harm, BatchCostProfile({1: profile})), RoundStrategy(harm)
+    assert priced.shadow_price(ShadowOutcome(1, 0, 0.0), 1) is None  # no plain round measured yet
+    harm.observe(1, Arm.PLAIN, 1, 0.010, False)
+    harm.observe(2, Arm.PLAIN, 2, 0.020, False)
+    assert priced.shadow_price(ShadowOutcome(1, 0, 0.001), 1) == pytest.approx(0.011)
+    assert priced.shadow_price(ShadowOutcome(4, 10, 0.001), 1) == pytest.approx(0.001 + 0.025)
+    assert priced.shadow_price(ShadowOutcome(4, 30, 0.0), 1) == pytest.approx(0.025)  # no more than measured
+    assert priced.shadow_price(ShadowOutcome(4, 3, 0.001), 2) == pytest.approx(2 * 0.001 + 0.030)
+    assert unpriced.shadow_price(ShadowOutcome(1, 0, 0.001), 1) is None  # no speculative round to weigh it against
+    harm.observe(1, Arm.SPECULATE, 3, 0.020, False)
+    harm.observe(2, Arm.SPECULATE, 6, 0.040, False)
+    assert unpriced.shadow_price(ShadowOutcome(1, 0, 0.001), 1) == pytest.approx(0.011)
+    assert unpriced.shadow_price(ShadowOutcome(1, 0, 0.001), 2) == pytest.approx(0.022)
+    assert unpriced.shadow_price(ShadowOutcome(3, 5, 0.001), 1) is None

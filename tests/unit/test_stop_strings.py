@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from draftwise.engine import _Emitter
+from draftwise.runtime.round import _Emitter
 
 SPECIAL = 256  # decodes to nothing, like a special token with skip_special_tokens
 WORDS = {257: "def ", 258: "return", 259: "\n\n", 260: "é", 261: "中文"}

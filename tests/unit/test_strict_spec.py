@@ -3,7 +3,7 @@
 import pytest
 
 from draftwise.bench.methods import MethodDefaults, parse_method
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.errors import InputError
 from draftwise.spec import Strict
 from draftwise.parse import spec_from_options

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from draftwise.backends.base import BackendError
-from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.runtime.round import GenerationConfig
+from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.optimize.replay import Trace, replay
 from draftwise.optimize.trace_backend import LeftTheTrace, TraceBackend
 from draftwise.proposers.prompt_lookup import PromptLookupProposer

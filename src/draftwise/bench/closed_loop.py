@@ -1,4 +1,4 @@
-"""A draftwise method with B requests in flight: the closed loop over `BatchDecoder`.
+"""A draftwise method with B requests in flight: the closed loop over `Engine`.
 
 B requests are sent at the start; every time one ends (finished or failed) the next prompt is
 sent, and joins the batch at the next round (continuous batching at round granularity).  A
@@ -15,10 +15,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from draftwise.batch import BatchDecoder, Failed, Finished, Tokens
+from draftwise.runtime.engine import Engine, Failed, Finished, Tokens
 from draftwise.bench.cells import CellRun, RequestTrace
 from draftwise.bench.env import current_rss_bytes
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 
 
 @dataclass
@@ -32,7 +32,7 @@ class _Live:
         return RequestTrace(self.question_id, self.sent, tuple(self.offsets), tuple(self.counts), tokens, error)
 
 
-def run_closed_loop(engine: BatchDecoder, prompts: Sequence[tuple[str, Sequence[int]]], batch: int,
+def run_closed_loop(engine: Engine, prompts: Sequence[tuple[str, Sequence[int]]], batch: int,
                     config: GenerationConfig) -> CellRun:
     """Every (question_id, prompt ids) decoded with `batch` in flight on a fresh `engine`
     (one made with `batch` slots); traces in the prompts' order."""
@@ -70,7 +70,7 @@ def run_closed_loop(engine: BatchDecoder, prompts: Sequence[tuple[str, Sequence[
             if backlog:  # the lane is free: the client sends its next request now
                 send()
     wall = time.perf_counter() - start
-    rounds = engine.rounds
+    rounds = engine.forwards
     return CellRun(wall_time=wall, requests=tuple(done[q] for q, _ in prompts), kv_peak_bytes=kv_peak,
                    kv_rows_peak_bytes=kv_rows_peak, rss_peak_bytes=rss_peak, forwards=len(rounds),
                    rows_per_forward=(sum(sum(r.rows) for r in rounds) / len(rounds)) if rounds else None,

@@ -5,7 +5,7 @@ backends from the run's shared pool), peers in
 `peers.py`.  Every executor times its call the same way (perf_counter around the whole call,
 prefill included, as Spec-Bench does) and records emit events from the generation's own
 callback.  `run_batch` decodes a list of prompts with B requests in flight (`--concurrency`):
-draftwise methods through `BatchDecoder` (`closed_loop.py`), transformers' `generate` on padded
+draftwise methods through `Engine` (`closed_loop.py`), transformers' `generate` on padded
 waves (`peers.py`); a method that cannot batch raises `BatchRefused` (or the `InputError`
 draftwise's batch engine refuses it with).
 """
@@ -22,7 +22,7 @@ from draftwise.bench.closed_loop import run_closed_loop
 from draftwise.bench.methods import MethodSpec
 from draftwise.bench.outputs import EmitClock, TurnOutput
 from draftwise.bench.pool import ModelPool, ModelUnavailable
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.stats import PHASES
 
 

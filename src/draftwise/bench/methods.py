@@ -31,7 +31,7 @@ from pathlib import Path
 from draftwise.backends.dtype import DEFAULT_DTYPE, DtypeChoice
 from draftwise.bench.pool import llama_logits_all
 from draftwise.backends.load import choose_backend
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.errors import DraftwiseError, InputError
 from draftwise.models import resolve
 from draftwise.paths import is_file

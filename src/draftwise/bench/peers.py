@@ -57,7 +57,7 @@ from draftwise.bench.cells import BatchRefused, CellRun, RequestTrace
 from draftwise.bench.env import current_rss_bytes
 from draftwise.bench.methods import MethodSpec
 from draftwise.bench.outputs import EmitClock, TurnOutput
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 
 
 class _StepStreamer:

@@ -40,7 +40,7 @@ from draftwise.bench.outputs import TurnOutput
 from draftwise.bench.pool import LOAD_ERRORS, ModelPool, ModelUnavailable
 from draftwise.bench.store import Answer, ResultStore, error_answer
 from draftwise.workloads import Question, Workload, messages_for, parse_workloads
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.sampling import SamplingPolicy
 from draftwise.timing import noise_check
 

@@ -21,7 +21,7 @@ from draftwise.cli.bench_serve import serve_cmd
 from draftwise.cli.common import err, fail
 from draftwise.errors import DraftwiseError
 from draftwise.backends.load import default_threads
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.models import DEFAULT_MODEL
 
 bench_app = typer.Typer(help="Benchmark draftwise methods against plain decoding and peers (Spec-Bench protocol).")

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from draftwise.api import Decoder, open_decoder
 from draftwise.cli.common import DecoderOptions, decoder_command, dim, err, fail, quiet_llama_cpp
-from draftwise.engine import GenerationConfig, GenerationResult
+from draftwise.runtime.round import GenerationConfig, GenerationResult
 from draftwise.errors import DraftwiseError, InputError
 from draftwise.logs import progress_to
 from draftwise.options import config_help

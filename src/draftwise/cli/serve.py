@@ -6,7 +6,7 @@ import typer
 
 from draftwise.api import open_decoder
 from draftwise.cli.common import DecoderOptions, decoder_command, dim, err, fail, quiet_llama_cpp
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.errors import DraftwiseError, InputError
 from draftwise.logs import progress_to
 from draftwise.serve.config import ServeConfig

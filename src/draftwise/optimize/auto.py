@@ -29,7 +29,7 @@ from draftwise.backends.base import Backend
 from draftwise.backends.profile import SAMPLING as PROFILE_SAMPLING, write_profile
 from draftwise.backends.row_padding import padded_rows
 from draftwise.build import build_decoder
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.optimize.calibrate import (
     calibrate,
     calibration_hash,

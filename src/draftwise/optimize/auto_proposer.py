@@ -42,7 +42,7 @@ from draftwise.spec import fitted_generation, proposal_shape
 from draftwise.preflight import preflight
 from draftwise.errors import DraftwiseError, InputError
 from draftwise.spec import AutoDrafter, AutoGate, DecoderSpec, DrafterSpec, GateProfile, Guard, UnionDrafter
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.gate import CostGateConfig
 from draftwise.optimize.auto import AutoTreeConfig, artifact_matches, auto_gate_directory, ensure_profile, gate_rows
 from draftwise.cost_profile import VerifyCostProfile

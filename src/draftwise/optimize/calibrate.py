@@ -30,7 +30,8 @@ import numpy as np
 
 from draftwise.artifacts import stable_hash
 from draftwise.contracts import SamplingRelation
-from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.runtime.round import GenerationConfig
+from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.errors import InputError
 from draftwise.optimize.acceptance import AcceptanceProfile
 from draftwise.proposers.family import DrafterRegistry

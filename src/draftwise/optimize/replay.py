@@ -30,7 +30,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.runtime.round import GenerationConfig
+from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.gate import CostGateConfig
 from draftwise.cost_profile import VerifyCostProfile
 from draftwise.optimize.trace_backend import TraceBackend

@@ -24,7 +24,8 @@ from typing import Any, Callable, Sequence
 from draftwise.artifacts import stable_hash
 from draftwise.backends.transformers import TransformersBackend
 from draftwise.build import verifying_target
-from draftwise.engine import GenerationConfig, SpeculativeDecoder
+from draftwise.runtime.round import GenerationConfig
+from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.errors import InputError
 from draftwise.options import option
 from draftwise.proposers.family import DrafterResources

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from draftwise.engine import GenerationConfig
+from draftwise.runtime.round import GenerationConfig
 from draftwise.errors import InputError
 
 # a request that names no max_tokens gets the engine's own default length

@@ -1,4 +1,4 @@
-"""The one thread that owns the `BatchDecoder`: every forward runs here, never on the event loop.
+"""The one thread that owns the `Engine`: every forward runs here, never on the event loop.
 
 The HTTP side hands requests over (`submit`, `cancel`, `drain`, `close`: thread-safe, they only
 append to an inbox); the worker, between rounds, tokenizes them (the tokenizer is used by this
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from draftwise.backends.base import Backend, check_fits
-from draftwise.batch import BatchDecoder, Event, Finished, Tokens
-from draftwise.engine import GenerationConfig, GenerationResult
+from draftwise.runtime.engine import Engine, Event, Finished, Tokens
+from draftwise.runtime.round import GenerationConfig, GenerationResult
 from draftwise.errors import BackendError, DraftwiseError
 from draftwise.sampling import SamplingPolicy
 from draftwise.serve.config import ServeConfig
@@ -109,7 +109,7 @@ class _Drain:
 
 @dataclass
 class EngineWorker:
-    batch: BatchDecoder
+    batch: Engine
     target: Backend  # the tokenizer and chat template (the batch's slots share its model)
     config: ServeConfig
     metrics: ServeMetrics
@@ -290,8 +290,8 @@ class EngineWorker:
             time.sleep(0.05)  # a round that keeps failing must not spin the thread
             return
         # the batch keeps a record of every shared forward; a server would grow it without end
-        self.metrics.forwards([len(r.requests) for r in self.batch.rounds])
-        self.batch.rounds.clear()
+        self.metrics.forwards([len(r.requests) for r in self.batch.forwards])
+        self.batch.forwards.clear()
         for event in events:
             self._dispatch(event)
 

@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from draftwise.engine import GenerationResult
+from draftwise.runtime.round import GenerationResult
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
