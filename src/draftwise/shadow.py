@@ -2,9 +2,10 @@
 
 While the do-no-harm guard (`draftwise.batch_control`) plays plain steps, it learns nothing about
 speculation except in exploration rounds, which cost real time where speculation loses and come
-rarely (every 8-128 rounds) where it sometimes pays.  A union of prompt lookup and draft heads is
-bursty (0 or 3+ tokens a round), so a guard judging it on a handful of rounds left it for plain
-steps it should not have taken (benchmarks/heterogeneous/: roleplay 1.11x guarded, 1.53x not).
+rarely (every `explore_every` to `max_interval` rounds) where it sometimes pays.  A union of
+prompt lookup and draft heads is bursty (nothing in most rounds, several tokens in some), so a guard
+judging it on a handful of rounds left it for plain steps it should not have taken, and lost much
+of what the union gains unguarded (benchmarks/heterogeneous/).
 
 A proposer whose `propose` reads only the context and the target's committed state
 (`proposes_without_state`: prompt lookup, retrieval, draft heads) can be asked during a plain

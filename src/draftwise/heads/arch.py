@@ -5,8 +5,8 @@ read the same h, so one stage computes every depth.  Hydra: head i reads
 u = concat(h_{t-1}, E(x_t), E(x^_{t+1}), ..., E(x^_{t+i-1})) [B, (i+1) d], so depth i waits
 for depth i - 1's choice.  Both end in the target's own (frozen) LM head, restricted to a
 draft vocabulary: the rows of the most frequent tokens of the training data (`token_map`),
-because on a CPU the full LM head costs a fifth of the 135M model per row.  q is then zero
-outside the map and stays normalized over it.
+because the full LM head is a large share of a small model's weights, and so of its cost per
+row on a CPU.  q is then zero outside the map and stays normalized over it.
 
 Medusa heads imported from other projects (`interchange`) carry their own LM head per head
 instead (`HeadArch.own_lm_head`): [V_d, d] each, rows aligned with the same `token_map`.

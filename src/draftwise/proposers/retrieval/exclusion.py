@@ -8,8 +8,8 @@ texts.  A hash collision can only drop an innocent document, never keep a contam
 
 Benchmark windows with fewer than MIN_LETTERS letters are not used: tokenizers that split
 digits (Qwen) make "1, 2, 3, 4, 5" a 13-token window, and such windows of numbers and
-punctuation matched 6% of the Python files of a site-packages tree without saying anything
-about contamination.
+punctuation dropped many of the Python files of a site-packages tree without saying anything
+about contamination (benchmarks/rest_index/).
 
 Benchmark texts: Spec-Bench-format JSONL (every turn and every reference) and `humaneval`
 (every prompt, canonical solution, and prompt + solution, so windows across the seam count).
