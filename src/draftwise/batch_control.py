@@ -1,87 +1,16 @@
 """Do no harm across a batch: speculate only while it measurably commits more tokens per second.
 
-The batch-aware gate (`draftwise.batch`) sizes each round by a profile t_B(n) taken on equal
-prefixes.  The live batch is not that regime: its slots have different lengths (a padded cache
-is as long as its longest slot), requests join and leave, and prompt lookup's value changes
-within one answer.  So the price the profile gives can be wrong in either direction, and being
-wrong toward "rows are cheap" makes speculation slower than plain batched decoding — the
-complaint of every serving engine's tracker.  This controller decides, per batch size, between
-two arms from what the rounds themselves measured:
-
-- `SPECULATE`: each request's round as its gate (and the batch's depth cut) chose it;
-- `PLAIN`: every round cut to depth 0 (one row per request: plain batched decoding).
-
-Estimate.  For each (batch size, arm): exponentially weighted sums of the tokens the round
-committed (across the batch) and of the round's wall time (propose, verify, select, commit);
-their ratio is the arm's committed tokens per second.  An arm's weights decay by `decay` per
-round of its own (a memory of ~30 rounds: speculation's rounds are bursty) and by `stale` per
-round of the other arm (what it did 100 rounds ago counts a third).  Rounds that read a prompt
-are not steady-state rounds and are not counted.
-
-Policy.  An unseen batch size starts from the nearest batch size whose arms were both measured:
-its choice, and both arms' estimates carried over as `warmup` rounds' worth of evidence (a
-batch that shrinks as its last requests finish visits every size below it, and warming each one
-up from nothing played the losing arm twice per size); the next round explores the other arm.
-With no such neighbour a request alone starts on SPECULATE and a batch on PLAIN (a speculative
-round puts a batch's requests out of step: side costs, below), and each arm is played `warmup`
-rounds before any comparison, except that shadow rounds (below) stand in for speculation's: a
-batch whose requests' proposers shadow plays no speculative round until the shadows show
-speculation to pay.  Then the
-arm with the higher estimate is played (in a batch, speculation must beat plain by
-`batch_margin`, 3%: its side costs, below, are not in its rounds), and the other once every `interval` rounds, where
-`interval` starts at `explore_every` and doubles (up to `max_interval`) each time an
-exploration confirms the choice; it falls back to `explore_every` when the choice flips.
-
-Loss bound.  Once both estimates are within a factor (1 + e) of the truth, the controller plays
-the worse arm only in exploration rounds and in rounds where the two rates are within that
-factor of each other, so its throughput is at least
-    r_best * (1 - (1 - r_worse / r_best) / interval) / (1 + e)
-with interval >= explore_every (8 by default, doubling to 128 while explorations confirm the
-choice): at most 1/8 of the gap to the worse arm, i.e. 3% when speculation runs at 0.75x plain,
-falling to 0.2% once the interval has grown.  Before that, the warm-up costs at most `warmup`
-rounds of the worse arm at the first batch size measured, and one exploration round at each
-batch size that starts from a measured neighbour.  What the bound does not cover is an estimate further
-than (1 + e) from the truth: prompt lookup's value arrives in rare long matches, so a run of
-misses can make speculation look worse than it is for a while.  Replayed on real greedy answers
-(`benchmarks/do_no_harm/`), the controller came within 0.93-1.00x of the better fixed arm where
-rows are cheap and beat both (1.05x) where they are not.  What it measures is what the run's
-rounds took: on a noisy machine a slow spell moves both arms' estimates.
-
-Side costs.  A batch's rounds do not see all that speculation costs it.  Plain rounds keep
-requests of equal length in step: they end in the same round and the next ones read their
-prompts together, in one forward, into a cache that just emptied.  Speculating requests commit
-at different rates, so each joiner reads its prompt in a forward of its own beside the others'
-rows, and the cache stays spread over more cells (llama.cpp's unified cache makes every row
-attend over them).  Measured on llama.cpp at B = 8 (`benchmarks/batch_throughput/`): rounds
-where speculation measured 2% faster than plain, and a run 9% slower end to end.  Those prompt
-forwards are not decoding steps and are not priced, so the margin stands for them.
-
-What a speculative round leaves to the next one is its cost too: on llama.cpp the first one-row
-step after a many-row verify rebuilds the compute graph (1.5-1.9 ms on a 10 ms step, and ~0.7 ms
-on each of the next few), so a plain exploration, which always follows a speculative round,
-measured plain slower than it is.  The first plain round after a speculative one counts at most
-plain's mean round; its excess is added to speculation's seconds (`_charge_switch`).
-
-Shadow rounds (a request decoded alone, `draftwise.shadow`).  Where every proposer proposes from
-the context alone and the verifier accepts exactly the rows the target publishes, a plain round
-may carry a shadow proposal: once the next tokens are published, what a speculative round there
-would have committed is known, and `shadow` counts it as a speculative round (priced by its own
-rows on the gate's measured t(n) for a request alone, else at that arm's mean measured round).  Speculation's estimate then follows the text while plain steps are played,
-the choice returns to speculating at the first comparison that favours it, and no exploration
-of speculation is played while plain is chosen (they cost real rounds where speculation loses,
-and came too rarely to catch a bursty source's good stretches).  What shadows cost is their
-proposal alone, kept within `shadow_budget` of a plain round's time while the arms are within
-`shadow_close` of each other, and within a smaller share (down to a quarter) the further
-speculation is behind (`shadow_share`); in the bound above the
-exploration term then applies to plain explorations only, and the estimate error e of the
-speculative arm shrinks to the error of pricing a round at the arm's mean.
-
-Across requests (a request alone).  A decoder's next request starts its guard where the last one
-left off (`DoNoHarm.after`): its choice and both arms' estimates as `warmup` rounds' worth of
-evidence.  So where speculation has not been paying, a new request plays no warm-up rounds of it
-and reads its prompt without candidates (`prompt_arm`), costs that came back with every request
-(at temperature 1 on the embedded model: ~90 ms a request, 2% of a 128-token answer); the new
-text's own rounds and shadows outweigh the carried estimates within a few rounds.
+The gate prices rows by a profile taken on equal prefixes; a live batch is not that regime (slots
+of different lengths, requests joining and leaving, prompt lookup's value changing within one
+answer), and a price wrong toward "rows are cheap" makes speculation slower than plain batched
+decoding.  `DoNoHarm` chooses, per batch size, between two arms from what the rounds themselves
+measured (`SPECULATE`: the rounds as the gates chose them; `PLAIN`: every round cut to depth 0):
+it plays the arm that commits more tokens per second and explores the other on an interval that
+doubles while the choice holds.  The bound it keeps: once both arms' estimates are within a
+factor (1 + e) of the truth, its throughput is at least
+    r_best * (1 - (1 - r_worse / r_best) / explore_every) / (1 + e).
+Why it is built this way (the estimates, warm-up, side costs, shadow rounds, the bound and what
+it does not cover): docs/trees-and-planning.md, "The guard's reasoning and its loss bound".
 """
 
 from __future__ import annotations
@@ -107,22 +36,22 @@ class DoNoHarmConfig:
     explore_every: int = 8  # the shortest interval between rounds of the arm not chosen
     max_interval: int = 128  # the longest, after explorations that keep confirming the choice
     warmup: int = 2  # rounds of each arm at a new batch size before comparing them
-    # weight of an arm's past per round of its own (its estimate spans ~1/(1 - decay) of its rounds):
-    # long, because prompt lookup's rounds commit 1 or 11 tokens and a short memory reads a streak
-    # of misses as a losing arm (benchmarks/do_no_harm/: 0.87x the better arm at 0.8, 0.95x at 0.97)
+    # weight of an arm's past per round of its own (its estimate spans about 1/(1 - decay) of its
+    # rounds): long, because prompt lookup's rounds commit one token or a whole copied run, and a
+    # short memory reads a streak of misses as a losing arm (benchmarks/do_no_harm/)
     decay: float = 0.97
     # weight of an arm's past per round of the OTHER arm: how fast what it did becomes stale
     stale: float = 0.99
     explore_rounds: int = 1  # consecutive rounds of the other arm per exploration
-    # share of a plain round's time its shadow proposal may take (`draftwise.shadow`): prompt
-    # lookup's ~0.1 ms shadows every round, the heads' ~1.5 ms every third on a 35 ms step
+    # share of a plain round's time its shadow proposal may take (`draftwise.shadow`): a cheap
+    # proposer (prompt lookup) shadows every round, a costly one (draft heads) every few rounds
     shadow_budget: float = 0.02
     # in a batch (B > 1), SPECULATE is chosen only where its rounds measured this much faster than
     # plain rounds: speculation has costs its own rounds do not see.  Requests that commit at
     # different rates stop joining together, and a prompt read in a forward of its own (with the
-    # others' rows) costs more per row than prompts read together (benchmarks/batch_throughput/:
-    # on llama.cpp at B = 8, a speculating batch whose rounds measured 2% faster than plain ones
-    # was 9% slower end to end)
+    # others' rows) costs more per row than prompts read together, so a batch whose rounds
+    # measured speculation a little faster ran slower end to end (benchmarks/batch_throughput/,
+    # "Prompt reads and the margin")
     batch_margin: float = 0.03
     # shadows take their whole budget while speculation's estimate is within this share of plain's;
     # further behind, a share of it in proportion (`DoNoHarm.shadow_share`): one shadow cannot
@@ -369,8 +298,8 @@ class DoNoHarm:
     @staticmethod
     def _charge_switch(state: _BatchState, seconds: float) -> float:
         """A plain round right after a speculative one: what it took beyond plain's mean round was
-        left to it by the speculative round (llama.cpp rebuilds its graph for the one-row shape,
-        `benchmarks/heterogeneous/`: 1.5-1.9 ms on a 10 ms step), so that excess is added to
+        left to it by the speculative round (llama.cpp rebuilds its graph for the one-row shape:
+        `benchmarks/heterogeneous/after_verify.py`), so that excess is added to
         speculation's seconds and the plain round counts without it.  Otherwise a plain
         exploration, which always follows a speculative round, would make plain look slower
         than it is."""
@@ -392,13 +321,14 @@ class DoNoHarm:
         """A request joined a batch of `batch`: 1/batch of what the arms measured belonged to other
         requests.  Once the whole batch has turned over since the other arm was last played (at
         batch 1, every join: another prompt), it is explored at the next round and the
-        exploration interval starts over.  (Restarting at every join cost a closed loop at batch 8
-        one exploration round per join: 5% of its throughput where speculation runs at 0.6x.)
+        exploration interval starts over.  (Restarting at every join cost a closed loop one
+        exploration round per join, a loss wherever speculation loses: benchmarks/batch_throughput/.)
         Only speculation's value depends on which requests are in the batch (what their texts let
         the proposers guess); a plain step's price does not.  So a turnover re-checks speculation
         while plain is chosen without shadows, and nothing while speculation is chosen: its own
-        rounds measure the new requests, and the regular explorations keep checking plain.  (On
-        the Qwen pair at B = 2, speculating at 2.3x plain, turnovers made 7 of 77 rounds plain.)"""
+        rounds measure the new requests, and the regular explorations keep checking plain.  (Where
+        speculation paid well, turnovers that forced plain rounds gave up part of its gain:
+        benchmarks/batch_throughput/.)"""
         state = self._states.get(batch)
         if state is None or state.warming(self.config.warmup) or state.choice is Arm.SPECULATE:
             return
@@ -424,8 +354,8 @@ class DoNoHarm:
             # with nothing measured, a request alone speculates first (its rounds are its own), a
             # batch decodes plainly first: a speculative round's accepted tokens put its requests
             # out of step, and requests out of step read their successors' prompts in forwards of
-            # their own (benchmarks/batch_throughput/: llama.cpp at B = 4, 11 warm-up and explored
-            # speculative rounds made 12 prompt forwards of the 4 plain decoding needs, 0.92x)
+            # their own (benchmarks/batch_throughput/, "B = 1, 2, 4, 8, and a batch that starts on
+            # plain rounds")
             fresh = Arm.SPECULATE if batch == 1 else Arm.PLAIN
             prior = fresh if nearest is None else self._states[nearest].choice
             state = _BatchState({arm: _Rate() for arm in Arm}, prior, self.config.explore_every)

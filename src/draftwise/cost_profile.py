@@ -7,11 +7,11 @@ for a tree is its node count *including* the root (pending token), the same `n` 
 measured), so that G / t(n) is directly a speedup over decoding without speculation.
 
 Interpolation is piecewise linear in n through the medians themselves.  They need not be
-monotone, and are not forced to be: llama.cpp's CPU kernels work on batches of rows, and on
-this project's machines 16 rows verify in 0.7-0.8 of the time of 15 (157-172 ms against
-206-242 ms, in six profiles of the Qwen 1.5B Q4 target, two threads), which a tree of 16
-rows can use.  A running-maximum envelope, used before, priced every n above such a dip (or
-above a noise spike) at the spike's cost, and so predicted wide rounds slower than they ran.
+monotone, and are not forced to be: llama.cpp's CPU kernels work on blocks of rows, so a
+verify of a whole block can take less time than one of a row fewer (docs/trees-and-planning.md,
+`draftwise profile`), which a tree of that many rows can use.  A running-maximum envelope,
+used before, priced every n above such a dip (or above a noise spike) at the spike's cost, and
+so predicted wide rounds slower than they ran.
 Noise is kept down where it is measured (`backends.profile` spreads the repeats over passes).
 Row counts outside the measured range are refused, not extrapolated.
 """

@@ -1,41 +1,13 @@
 """Cost gate: how deep to verify this round, chosen by predicted time per committed token.
 
-A round that verifies d candidate depths costs t(1 + rows(d)) (the measured verify profile,
-in plain-step units) and commits 1 + E[accepted | d] tokens.  Where t jumps from one row to
-many (transformers on a CPU: eleven rows cost about 3.3 plain steps) a round whose drafts are
-all rejected costs several plain steps, and prompt lookup late in a generation proposes many
-such rounds.  The gate keeps a recency-weighted estimate of the acceptance rates and, each
-round, verifies the depth d in 0..max that maximizes (1 + E[accepted | d]) / t(1 + rows(d));
-d = 0 is an ordinary target step.  The depth is chosen from the rows the proposal holds,
-which for sampled drafts depend on the drawn tokens (two i.i.d. draws that collide merge into
-one row; a confidence-stopped chain is as long as its last draw was likely), so a residual
-verifier, exact only when every draw is tested whatever its value, would be biased: the gate
-serves only verifiers exact for any candidates (greedy, membership), and refuses the others.
-
-Acceptance model: h1 = P(a depth-1 candidate is accepted) and hc = P(depth i + 1 accepted |
-depth i accepted), pooled over i (deeper depths alone are too sparse to estimate per round).
-Both are decayed counts that fall back to a prior when nothing is observed.  Observations
-come from the published tokens walked down the FULL proposal, cut rows included: the target's
-own token says whether the first cut candidate would have been accepted, and the tokens of
-the next rounds say whether the deeper ones would have been, so a gate that has closed keeps
-learning.  Cut candidates the walk never reaches stay unobserved (censored), never counted as
-rejected.  The round that reads the prompt teaches nothing (the engine does not call `observe`):
-on a first turn its proposal continues the chat template's header into the answer's first token
-(prompt lookup: 1.9% accepted there against 25-91% in later rounds), and one rejection, against a
-prior of weight 1, made the next round a plain step; on later turns it is accepted more often,
-and replays of both turns lose nothing by ignoring it (benchmarks/cost_gate/).  The proposers are asked for their
-whole proposal every round and the gate cuts it afterwards: free for prompt lookup and REST;
-a draft model's drafting time is not in the gate's objective (t(n) only), so the gate is
-meant for the proposers that cost nothing to ask.
-
-In a batch (`draftwise.batch`) rows are no longer nearly free: a verify row competes with the
-other requests' rows in the shared forward.  With a batch profile the gate prices a round by
-t_B(n), the shared forward in which each of the B requests verifies n rows, in units of a plain
-batched step.  If every request chose alike, the batch would commit B (1 + E[accepted]) tokens in
-T_B(n), so each request maximizing (1 + E[accepted | d]) / t_B(1 + rows(d)) maximizes the batch's
-committed tokens per second; requests that differ make it an approximation.  Where t_B(n) grows
-like n (a compute-bound forward) the gate cuts every round to its pending row: plain batched
-decoding.
+A round that verifies candidate depths 1..d costs t(1 + rows(d)) (the measured verify profile in
+plain-step units; t_B(n) in a batch of B) and commits 1 + E[accepted | d] tokens; the gate
+verifies the d in 0..max that maximizes their ratio, d = 0 being an ordinary target step.
+E[accepted | d] comes from recency-weighted acceptance rates learned by walking the published
+tokens down the full proposal, cut rows included (`SourceGate`: one model per source of a union,
+and the union's recent walks).  The gate only removes rows, chosen from the drawn tokens, so it
+serves only the verifiers exact for any candidates (greedy, membership) and refuses the others.
+How it prices a round and learns: docs/trees-and-planning.md, "How the gate prices a round".
 """
 
 from __future__ import annotations
@@ -56,7 +28,7 @@ from draftwise.verify.base import IncompatibleVerifier, VerifierCapabilities, ch
 @dataclass(frozen=True)
 class CostGateConfig:
     profile: VerifyCostProfile  # t(n) of this target, backend and thread count
-    decay: float = 0.5  # weight a round's evidence keeps per later round (held-out replay: 0.3-0.7 within 2%)
+    decay: float = 0.5  # weight a round's evidence keeps per later round (a short memory: acceptance drifts)
     prior_first: float = 0.5  # h1 the estimate returns to without evidence
     prior_continue: float = 0.8  # hc likewise
     prior_weight: float = 1.0  # pseudo-observations behind each prior
@@ -198,8 +170,8 @@ class SourceGate:
 
     One pooled model over the merged tree (what `CostGate` keeps) cannot tell a source that
     copies well from one that proposes well on prose: where prompt lookup's rows are wasted and
-    the heads' are not, it can only cut both by depth (benchmarks/heterogeneous/: the gated union
-    at 1.01x on translation where the heads alone run 1.17x).  Here each source s verifies
+    the heads' are not, it can only cut both by depth, and the union fell behind the heads alone
+    there (benchmarks/heterogeneous/).  Here each source s verifies
     depths 1..d_s; the round maximizes (1 + E[accepted | d]) / t(rows(d)) over the depth vector d,
     rows(d) the merged tree's rows that survive the cut (a row proposed by several sources
     counted once).  E[accepted | d] is what the recent rounds' walks down the full merged tree
@@ -210,17 +182,16 @@ class SourceGate:
     their first-token rate: E = sum_j prod_{i before j} (1 - h1_i) E_j(d_j).  A source at depth 0
     is not verified at all this round (its rows are cut), and keeps learning from the walks.
 
-    A source that costs drafting time (the heads: 0.16-0.22 plain steps a round on the embedded
-    model) is asked only in rounds where the gate would verify some of its rows (`ask`): where
-    prompt lookup copies well the heads' rows add little that lookup's do not, and drafting them
-    every round for a cut to depth 0 cost the union 5-7% on qa and math_reasoning
-    (benchmarks/heterogeneous/).  Sources are asked cheapest first.
+    A source that costs drafting time (the heads, a draft model) is asked only in rounds where
+    the gate would verify some of its rows (`ask`): where prompt lookup copies well the heads'
+    rows add little that lookup's do not, and drafting them every round for a cut to depth 0
+    cost the union throughput (benchmarks/heterogeneous/).  Sources are asked cheapest first.
     """
 
     MAX_COMBINATIONS = 1024  # depth vectors searched exhaustively; beyond, coordinate ascent
-    # plain steps: a source that drafts for less is always asked.  Prompt lookup (~0.25 ms a round)
-    # is 0.004 plain steps on transformers here and ~0.015 on llama.cpp, the heads 0.16-0.22: lookup's
-    # value is in its proposal of the moment (a copy run starts), which asking it reveals for free
+    # plain steps: a source that drafts for less is always asked.  Prompt lookup drafts for far less
+    # on either backend, the heads for more: lookup's value is in its proposal of the moment (a
+    # copy run starts), which asking it reveals for free
     FREE_DRAFTING = 0.05
     ASK_PATIENCE = 4  # rounds a skipped source waits before it is asked again to re-measure its worth...
     MAX_PATIENCE = 32  # ...doubled each time it is still not worth asking, up to this
@@ -300,9 +271,9 @@ class SourceGate:
         commit more tokens per plain step than the best round without them, its drafting time
         left out of the comparison: priced in, against the round's own rate or against the
         answer's running rate (renewal reward), it skipped the heads where they paid over several
-        rounds, and lost to asking them every round on the replayed trace sets (1.07-1.09x the
-        better source against 1.10-1.11x this way, benchmarks/heterogeneous/).  A skipped source is
-        asked again after `patience` rounds, to re-measure its worth."""
+        rounds, and lost to asking them every round on the replayed trace sets, where this way
+        won (benchmarks/heterogeneous/).  A skipped source is asked again after `patience`
+        rounds, to re-measure its worth."""
         if not self.config.ask_by_cost or self.draft_cost(source) < self.FREE_DRAFTING or self._shape[source] is None:
             return True
         if self._skipped[source] >= self._patience[source]:  # explore, and wait longer next time

@@ -1,24 +1,15 @@
 """Shadow proposals: what a speculative round would have committed, read off plain rounds.
 
-While the do-no-harm guard (`draftwise.batch_control`) plays plain steps, it learns nothing about
-speculation except in exploration rounds, which cost real time where speculation loses and come
-rarely (every 8-128 rounds) where it sometimes pays.  A union of prompt lookup and draft heads is
-bursty (0 or 3+ tokens a round), so a guard judging it on a handful of rounds left it for plain
-steps it should not have taken (benchmarks/heterogeneous/: roleplay 1.11x guarded, 1.53x not).
-
-A proposer whose `propose` reads only the context and the target's committed state
-(`proposes_without_state`: prompt lookup, retrieval, draft heads) can be asked during a plain
-round at the cost of its proposal alone.  Under a verifier that is exact whatever candidates it is
-shown (greedy, target-sample membership), a candidate row is accepted exactly when its token is
-the one the target publishes at its position, and plain decoding publishes those very tokens
-(temperature 0) or draws from the same distribution (membership).  So once the next tokens are
-published, the proposal's accepted length is known without verifying it: `ShadowRounds.resolve`
-walks each proposal down the published tokens and returns what a speculative round there would
-have committed (accepted + the target's own token).
-
-A shadow proposal is never verified, committed or shown to a proposer's `observe`; it changes no
-output.  Its cost (propose + compile) is paid in the plain round, so `due` spaces shadows to keep
-that cost within a share of a plain round's time.
+While the do-no-harm guard (`draftwise.batch_control`) plays plain steps, a proposer that reads
+only the context and the target's committed state (`proposes_without_state`) may still propose.
+Under a verifier that accepts a row exactly when its token is the one the target publishes there
+(greedy, target-sample membership), plain decoding publishes the very tokens a speculative round
+would have been judged by, so `ShadowRounds.resolve` walks each proposal down them and returns
+what that round would have committed (accepted + the target's own token).  A shadow proposal is
+never verified, committed or shown to a proposer's `observe`: it changes no output.  `due` keeps
+its cost (propose + compile) within a share of a plain round's time.  Why the guard needs them:
+docs/trees-and-planning.md, "Shadow proposals" (the guard's rounds come too rarely to follow a
+bursty proposer).
 """
 
 from __future__ import annotations

@@ -309,8 +309,9 @@ def guarded_alone(spec: DecoderSpec) -> bool:
     """Whether a request decoded alone runs behind the do-no-harm guard: `guard=true`, or, under
     the default, a union with a source that runs a model (heads, a draft model).  Its proposal is
     paid every round whatever the gate keeps of its rows, and the gate prices rows only: on
-    llama.cpp, where a head forward costs half a plain step, a gated prompt-lookup+hydra++ ran at
-    0.73x plain (benchmarks/heads_training/).  The guard asks no proposer in its plain rounds."""
+    llama.cpp, where a head forward is a large share of a plain step, a gated prompt-lookup+hydra++
+    ran below plain decoding (benchmarks/heads_training/).  The guard asks no proposer in its plain
+    rounds."""
     if spec.guard is not Guard.BATCH:
         return spec.guard is Guard.ON
     return isinstance(spec.drafter, UnionDrafter) and any(not m.family.free_to_ask for m in spec.drafter.members)

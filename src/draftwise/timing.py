@@ -1,8 +1,8 @@
 """Timings that hold on a shared machine: warm-up, interleaved repeats, medians with a spread,
 and a noise check that says when a measurement cannot be trusted.
 
-One timing of one run can be off by 2-4x here (a background process, a cold cache, a CPU
-frequency step), and timing a method and then its baseline once each lets that land on one
+One timing of one run can be off by a multiple on a shared machine (a background process, a
+cold cache, a CPU frequency step), and timing a method and then its baseline once each lets that land on one
 side only.  So every comparison this module makes (a) warms each side up first, (b) alternates
 the sides, one pair per repeat, with the order rotated so that neither always runs first, (c)
 reports the median of the per-pair ratios with their range, and (d) runs a noise check: the
@@ -43,7 +43,7 @@ class Spread:
 
     @property
     def relative_range(self) -> float:
-        """(high - low) / median: 0.2 is a +-10% band."""
+        """(high - low) / median: 0.2 is a band of a tenth of the median either side."""
         return (self.high - self.low) / self.median if self.median else float("inf")
 
     def describe(self, unit: str = "", digits: int = 2) -> str:

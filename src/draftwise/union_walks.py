@@ -6,8 +6,8 @@ acceptance: where prompt lookup and the heads propose the same next token, looku
 nothing the heads did not; where lookup copies a long run that starts with the heads' token, its
 deeper rows add what the heads cannot.  A model that takes the sources as independent
 alternatives (`SourceGate`'s per-source rates) credits lookup with the tokens the heads already
-had, so on prose, where lookup matches now and then, its rows kept being verified
-(benchmarks/heterogeneous/: the gated union 1.02x on translation where the heads alone ran 1.17x).
+had, so on prose, where lookup matches now and then, its rows kept being verified and the gated
+union fell behind the heads alone (benchmarks/heterogeneous/).
 
 This keeps the last rounds' walks instead: the published tokens walked down the FULL merged tree
 (cut rows included), recording at each matched depth which sources own the matched row.  A walk
@@ -28,7 +28,7 @@ import numpy as np
 from draftwise.topology.compile import CompiledRound
 from draftwise.verify.base import child_with_token
 
-MAX_WALKS = 128  # the newest walks kept (at the default decay, older ones weigh < 0.2% each)
+MAX_WALKS = 128  # the newest walks kept (an older one would weigh under decay ** 128: negligible at the default)
 
 
 @dataclass
@@ -105,7 +105,7 @@ class UnionWalks:
         a walk with more sources says what the present ones' rows alone would have committed: a
         source asked in some rounds only (`SourceGate.ask`) leaves the others' estimates fed by
         every round (kept apart by exact `present`, rounds where the heads were not asked had few
-        walks of their own, and the replay lost 2-3% on rag and extraction)."""
+        walks of their own, and the replay lost on rag and extraction: benchmarks/heterogeneous/)."""
         if self._stacked is None or self._stacked[0] != present:
             chosen = [walk for walk in self.walks if walk.present & present == present]
             if not chosen:

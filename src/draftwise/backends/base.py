@@ -110,9 +110,9 @@ class HiddenStates(Protocol):
     def track_hidden(self, on: bool = True) -> None:
         """Keep (or stop keeping) the final-norm hidden state (the LM head's input) of the row
         whose logits predicted the pending token: it comes out of the verify forward that just
-        ran, so reading it costs no extra target forward.  Tracking costs a plain step 3-5%
-        here, so the engine switches it off at the start of every generation and a proposer
-        that reads it switches it on in `begin`."""
+        ran, so reading it costs no extra target forward.  Tracking still slows a plain step
+        (`benchmarks/llamacpp_hidden/` times it), so the engine switches it off at the start of
+        every generation and a proposer that reads it switches it on in `begin`."""
 
     def frontier_hidden(self) -> np.ndarray | None:
         """[d] float32: the hidden state of committed row cached_len - 1 (None when unknown:

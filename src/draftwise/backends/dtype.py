@@ -178,8 +178,8 @@ def choose_dtype(load: Callable[[str], object], checkpoint: str, threads: int, d
                  timing: DtypeTiming = DtypeTiming(),
                  cpu_flags: tuple[str, ...] | None = None) -> tuple[object, DtypeDecision]:
     """The backend `auto` settles on and the decision.  `load(dtype)` loads the model in a
-    concrete dtype.  Both copies are held while timing (float32 + bfloat16: 1.5x the float32
-    model's memory), then the slower one is dropped; a cached decision loads one copy only."""
+    concrete dtype.  Both copies are held while timing (float32 + bfloat16: the float32
+    model's memory and half as much again), then the slower one is dropped; a cached decision loads one copy only."""
     flags = cpu_bf16_flags() if cpu_flags is None else cpu_flags
     if not flags:
         return load("float32"), NO_NATIVE_BF16

@@ -11,8 +11,8 @@ every sample sees the same state.
 
 The samples are taken in passes: one untimed warm-up pass over every n, then `repeats` timed
 passes, each over every n in a fresh shuffled order.  Timing all repeats of one n back to back
-let a slow spell of a shared machine land on that n alone (three repeats of n = 6 once came out
-20% above n = 7); spread over passes it lands on one sample of each n, which the median drops.
+let a slow spell of a shared machine land on that n alone (a larger n could then measure cheaper
+than a smaller one); spread over passes it lands on one sample of each n, which the median drops.
 Decoding changes its row count every round too, so a shuffled order is also the realistic one.
 
 Noise.  Each profile records `noise_cv`, the median over its row counts of the repeats'

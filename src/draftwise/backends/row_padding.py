@@ -1,11 +1,10 @@
 """Verify forwards padded to the row count this machine computes fastest (transformers).
 
 A verify forward computes logits for every row, so its LM head is one matrix product of M rows
-by the vocabulary.  A CPU BLAS does not price M smoothly: on the AMD EPYC of these benchmarks
-(torch 2.13's MKL, float32) a product of 3 rows by SmolLM2's 49152 x 576 head takes 34 ms and
-one of 4 rows 17 ms (M = 2, 3, 6, 7, 11 are the slow counts: remainders the kernel does not
-block), and a whole forward of 3 rows costs 2.0 one-row steps where 4 rows cost 1.5.  Rows are
-what speculation buys with, so the rows a round can afford follow these steps.
+by the vocabulary.  A CPU BLAS does not price M smoothly: a row count that the kernel does not
+block evenly can take longer than a larger one that it does, so a forward of a few rows can cost
+more than one of a few more (`benchmarks/row_padding/` has the measured counts).  Rows are what
+speculation buys with, so the rows a round can afford follow these steps.
 
 `RowPadding` holds the measured seconds of the matrix products of a forward of M rows, M = 1 ..
 `max_rows` (the LM head over every row, as a verify reads them all out, and each layer's linear

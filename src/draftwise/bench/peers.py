@@ -33,7 +33,7 @@ last token (512-row chunks, last row's logits only), then that last token ALONE 
 row of its first step.  llama.cpp's CPU kernels are not batch-invariant: a row decoded alone
 can differ from the same row inside a batch of >= 2 rows (flash attention off), so the last
 prompt token's KV cell and the first logits differ between the two, and at a later near-tie
-(top two a few hundredths of a logit apart) the argmax flips and the texts part.  The feed
+(the top two logits nearly equal) the argmax flips and the texts part.  The feed
 alone decides it, not the sampler (both take the first argmax), the BOS (both get the same
 ids) or the context settings (same threads and batch sizes; identical logits when fed alike):
 see `benchmarks/llamacpp_plain_agreement/` for the counts.

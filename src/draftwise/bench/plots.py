@@ -28,7 +28,7 @@ def plot_speedup(summary: dict, path: Path) -> Path | None:
     for i, (name, m) in enumerate(methods.items()):
         values = [m["overall"]["speedup"] if c == "overall" else (m["categories"].get(c) or {}).get("speedup")
                   for c in categories]
-        # a category the method has no speedup for gets no bar (NaN), not a bar at 0x
+        # a category the method has no speedup for gets no bar (NaN), not a bar of height zero
         ax.bar(x + i * width, [np.nan if v is None else v for v in values], width, label=name)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(x + width * (len(methods) - 1) / 2, categories, rotation=30, ha="right")

@@ -8,7 +8,7 @@
    question (all turns) before the next method starts.  The method order rotates by one per
    repeat (and per question), so within a question each method runs first equally often: a
    generation runs measurably slower second in a pair on a noisy 2-core machine, and with one
-   order per question a method that never speculated read 0.935x plain decoding on one
+   order per question a method that never speculated read visibly below plain decoding on one
    category (benchmarks/heterogeneous/, "The order within a pair").
 5. Per turn the repeat with the median wall time is kept (the lower median for even R), so
    that turn's tokens, phase split and latencies all come from one real run.

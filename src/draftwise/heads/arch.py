@@ -1,20 +1,20 @@
-"""The head modules (HEADS.md sections 1, 2 and 5) and the draft vocabulary they score.
+"""The head modules (docs/drafters.md, "Draft heads") and the draft vocabulary they score.
 
 Medusa: head i maps the frontier state h [B, d] through its own residual blocks; all heads
 read the same h, so one stage computes every depth.  Hydra: head i reads
 u = concat(h_{t-1}, E(x_t), E(x^_{t+1}), ..., E(x^_{t+i-1})) [B, (i+1) d], so depth i waits
 for depth i - 1's choice.  Both end in the target's own (frozen) LM head, restricted to a
 draft vocabulary: the rows of the most frequent tokens of the training data (`token_map`),
-because on a CPU the full LM head costs a fifth of the 135M model per row.  q is then zero
-outside the map and stays normalized over it.
+because the full LM head is a large share of a small model's weights, and so of its cost per
+row on a CPU.  q is then zero outside the map and stays normalized over it.
 
 Medusa heads imported from other projects (`interchange`) carry their own LM head per head
 instead (`HeadArch.own_lm_head`): [V_d, d] each, rows aligned with the same `token_map`.
 
-Hydra++ (HEADS.md section 3) is Hydra's head with its options: deeper heads (`layers`), and
-with `prefix` a prefix-attention decoder layer (`heads.prefix`) over the context whose output
-replaces h_{t-1}; its loss options live in the training recipe.  Clover (section 4,
-`heads.clover`) replaces the widening concatenation by a recurrent state.  Every dependent
+Hydra++ (docs/training.md, "Hydra++ and Clover") is Hydra's head with its options: deeper
+heads (`layers`), and with `prefix` a prefix-attention decoder layer (`heads.prefix`) over the
+context whose output replaces h_{t-1}; its loss options live in the training recipe.  Clover
+(`heads.clover`) replaces the widening concatenation by a recurrent state.  Every dependent
 family answers `path_state(i, h, path)`: depth i's state from the frontier state and the
 embeddings of its path, so training and drafting read the heads through one call.
 """

@@ -1,4 +1,4 @@
-"""A trained head set on disk (HEADS.md section 9): `heads.safetensors` (the head weights in
+"""A trained head set on disk (docs/artifacts.md): `heads.safetensors` (the head weights in
 bf16 (imported ones: the narrowest dtype that holds them exactly), and `token_map`, the draft
 vocabulary as target ids) and a manifest binding the target checkpoint and tokenizer, the
 architecture, the recipe and the training metrics.  Loading re-checks every checksum and

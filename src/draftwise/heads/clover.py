@@ -1,5 +1,5 @@
-"""Clover heads (HEADS.md section 4): a recurrent draft state of fixed width instead of Hydra's
-ever wider concatenation.
+"""Clover heads (docs/training.md, "Hydra++ and Clover"): a recurrent draft state of fixed width
+instead of Hydra's ever wider concatenation.
 
     h_0 = the target state h_{t-1}        (after the augmenting block, with `prefix`)
     h_i = h_{i-1} + Gate(Q_i, K_i) * V_i     Q_i = W_Q Norm(h_{i-1}),  K_i = W_K E(x_{t+i-1}),  V_i = W_V E(x_{t+i-1})
@@ -7,7 +7,7 @@ ever wider concatenation.
 
 x_t is the pending token, x_{t+i-1} (i >= 2) the token drafted at depth i - 1 on the path.
 
-The gate (the form HEADS.md leaves open), chosen here: per attention head, the cosine
+The gate, a form chosen here: per attention head, the cosine
 similarity of that head's slices of Q_i and K_i, which multiplies the head's slice of V_i.
 There is a single key per step, so a softmax over keys would be identically 1 and drop Q and K
 altogether; the cosine keeps the query-key interaction, is bounded in [-1, 1] (a recurrence

@@ -1,5 +1,6 @@
-"""`HeadArch`: everything that fixes the parameter shapes of a head set (HEADS.md), read by
-every head module (`heads.arch`, `heads.clover`), the artifact format and training."""
+"""`HeadArch`: everything that fixes the parameter shapes of a head set (docs/training.md, the
+recipe keys), read by every head module (`heads.arch`, `heads.clover`), the artifact format and
+training."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class HeadArch:
     draft_vocab: int  # rows of the draft vocabulary (== vocab_size: the full LM head)
     own_lm_head: bool = False  # Medusa only: each head ends in its own [V_d, d] LM head, not the target's
     # hydra++: the prefix-attention decoder layer over the context feeds the heads; clover: the
-    # augmenting block on the target state (the same layer, HEADS.md section 4)
+    # augmenting block on the target state (the same layer as Hydra++'s)
     prefix: bool = False
 
     def __post_init__(self) -> None:

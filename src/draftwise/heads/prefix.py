@@ -1,6 +1,6 @@
-"""The prefix-attention decoder layer (Hydra++, HEADS.md section 3; Clover's augmenting block,
-section 4): one pre-norm transformer layer over the target's final-norm states of the whole
-context, whose output at the frontier row replaces h_{t-1} as the heads' input.
+"""The prefix-attention decoder layer (Hydra++, and Clover's augmenting block: docs/training.md,
+"Hydra++ and Clover"): one pre-norm transformer layer over the target's final-norm states of the
+whole context, whose output at the frontier row replaces h_{t-1} as the heads' input.
 
     a = x + O(Attention(Q Norm(x), K Norm(x), V Norm(x)))      causal over the context
     y = a + W_down SiLU(W_up Norm(a))

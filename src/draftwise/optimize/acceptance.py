@@ -87,11 +87,11 @@ def wilson_interval(successes: int, trials: int, z: float = WILSON_Z95) -> tuple
     two-sided, at the confidence level of the normal quantile `z`); (0, 1) when there are no trials."""
     if trials <= 0:
         return (0.0, 1.0)
-    from scipy.stats import binomtest  # lazy: importing scipy.stats costs ~0.5 s, and only calibration needs it
+    from scipy.stats import binomtest  # lazy: importing scipy.stats is slow, and only calibration needs it
 
     confidence = math.erf(z / math.sqrt(2.0))  # two-sided level of z: P(|N(0, 1)| <= z)
     ci = binomtest(successes, trials).proportion_ci(confidence_level=confidence, method="wilson")
-    # At 0 or `trials` successes the exact bound is 0 or 1; rounding would leave ~1e-17.
+    # At 0 or `trials` successes the exact bound is 0 or 1; rounding would leave a last-bit error.
     lo = 0.0 if successes == 0 else max(0.0, float(ci.low))
     hi = 1.0 if successes == trials else min(1.0, float(ci.high))
     return (lo, hi)

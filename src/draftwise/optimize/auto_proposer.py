@@ -61,8 +61,8 @@ TRACES_KIND = "plain_traces"
 TRACES_FILE = "traces.json"
 WARMUP_TOKENS = 4  # decoded untimed before the traces
 # the traces' plain step and the profile's one-row verify agree within this factor on an idle
-# machine (benchmarks/heterogeneous/: a trace set cached while a training job ran timed 7x the
-# profile's step, and a profile cached then 1.35x today's)
+# machine; a trace set or a profile cached while another job ran timed its step far slower than
+# an idle machine does (benchmarks/heterogeneous/)
 STEP_AGREEMENT = 1.3
 ROUND_BOOKKEEPING_S = 0.005  # the engine's own time per round, on top of the forward: tiny models' whole step
 

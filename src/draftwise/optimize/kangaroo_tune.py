@@ -1,5 +1,5 @@
 """Kangaroo's exit layer l and early-exit threshold eta, chosen by measured time per committed
-token (HEADS.md section 7; the paper picks them the same way, by speed, not acceptance).
+token (docs/drafters.md, "Kangaroo"; the paper picks them the same way, by speed, not acceptance).
 
 Each candidate adapter (one per exit layer: `draftwise adapter train --set exit_layer=l`) is
 decoded with every eta of the grid on the development prompts, greedy, and f = wall seconds

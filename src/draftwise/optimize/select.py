@@ -9,8 +9,7 @@ own profiles (a verify of r rows, an extend of r tokens), the forwards the draft
 proposer really runs (`draft_round_steps`): a draft on a CPU is compute-bound like the
 target, so a wide level costs more than a narrow one, and a catch-up more the more tokens the
 last round published.  A flat c calibrated on width-4 trees priced a one-token chain's
-drafting at 2.7 target steps where the round-cost ledger measured 1.1 (T = 1, Qwen pair,
-llama.cpp, two threads; benchmarks/tree_grid/runs/amd-epyc-2026-12-01-t1).
+drafting far above what the round-cost ledger measured (benchmarks/tree_grid/).
 G(n, d) is Sequoia's optimum (`sequoia_dp`): expected tokens committed per round.  A longer
 acceptance length is worth nothing if verification and drafting eat it: the round cost, not
 G alone, decides, which is why every grid point is kept for plotting.

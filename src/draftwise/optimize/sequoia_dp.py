@@ -1,6 +1,6 @@
 """Sequoia's dynamic program: the tree of n nodes and depth <= d that maximizes G.
 
-Conventions (the ones under which the design's toy oracle comes out exactly):
+Conventions (the ones under which the hand-worked toy in `oracles/hardware_tree.py` comes out exactly):
 - A tree includes its root, the pending token (depth 0).  "n nodes" counts the root, so a
   tree of n nodes verifies n rows and proposes n - 1 candidates.  Depth counts edges: a
   chain root -> c1 -> c2 has depth 2 and needs 2 draft steps.

@@ -1,4 +1,4 @@
-"""Draft & Verify's skip-set search (HEADS.md section 6): choose z in {0,1}^{2L} minimizing
+"""Draft & Verify's skip-set search (docs/training.md, "Skip-set search"): choose z in {0,1}^{2L} minimizing
 
     f(z) = measured seconds per committed token of `--proposer layer-skip` with skip set z
 

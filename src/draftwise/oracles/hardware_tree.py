@@ -1,4 +1,4 @@
-"""Oracles for the tree optimizer: the design's toy hardware-aware choice, and DP == brute force.
+"""Oracles for the tree optimizer: a toy hardware-aware choice worked by hand, and DP == brute force.
 
 Toy (worked by hand): h = [0.82, 0.48, 0.24] -> p = [0.82, 0.0864, 0.022464]; n = 2..8 nodes
 (root included), depth <= 4, t(2..8) = [1.00, 1.03, 1.08, 1.16, 1.28, 1.43, 1.62], c = 0.09.
@@ -36,7 +36,7 @@ BRUTE_FORCE_N, BRUTE_FORCE_D = 7, 5
 
 @register
 def hardware_tree_toy() -> OracleResult:
-    """The design's toy: the optimizer must pick the five-node chain with G = 3.49588976."""
+    """The toy above: the optimizer must pick the five-node chain with G = 3.49588976."""
     p = selected_child_probs(TOY_H)
     # the chain's G reads p[0] only: the h -> p conversion is checked against the hand values itself
     p_ok = all(abs(float(a) - b) <= TOLERANCE for a, b in zip(p, TOY_P)) and len(p) == len(TOY_P)

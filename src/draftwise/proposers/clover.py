@@ -1,5 +1,5 @@
 """Clover: a recurrent draft state advanced by a regressive attention step per drafted token,
-the target's LM head at every depth (HEADS.md section 4)."""
+the target's LM head at every depth (docs/drafters.md, "Draft heads")."""
 
 from draftwise.proposers.heads import family
 

@@ -1,4 +1,5 @@
-"""Hydra: K dependent heads, each conditioned on the embeddings of its path (HEADS.md section 2)."""
+"""Hydra: K dependent heads, each conditioned on the embeddings of its path (docs/drafters.md,
+"Draft heads")."""
 
 from draftwise.proposers.heads import family
 

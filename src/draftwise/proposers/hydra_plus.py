@@ -1,5 +1,6 @@
 """Hydra++: Hydra's dependent heads with deeper MLPs and, optionally, a prefix-attention layer
-over the context feeding them (HEADS.md section 3; the teacher loss is a training option)."""
+over the context feeding them (docs/training.md, "Hydra++ and Clover"; the teacher loss is a
+training option)."""
 
 from draftwise.proposers.heads import family
 

@@ -1,4 +1,4 @@
-"""Kangaroo (`--proposer kangaroo`, HEADS.md section 7): the target's first l layers, a trained
+"""Kangaroo (`--proposer kangaroo`, docs/drafters.md, "Kangaroo"): the target's first l layers, a trained
 adapter (one attention layer, two norms) and the target's LM head draft for the full target.
 
 The draft pass is `LayerSkipBackend` with every layer from l on skipped and the adapter as its

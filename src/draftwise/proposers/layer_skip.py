@@ -1,4 +1,4 @@
-"""Draft & Verify (`--proposer layer-skip`, HEADS.md section 6): the target drafts for itself
+"""Draft & Verify (`--proposer layer-skip`, docs/drafters.md, "Draft & Verify"): the target drafts for itself
 with a skip set applied, and the full target verifies.
 
 The draft pass is `LayerSkipBackend` (the target's modules, a skip vector over attention and
@@ -33,7 +33,7 @@ MAX_GAMMA = 0.999  # a threshold of 1 would stop after every token; the draft-mo
 
 @dataclass(frozen=True)
 class GammaRule:
-    """The EMA rule of HEADS.md section 6 (Draft & Verify's adaptive draft-exiting threshold);
+    """Draft & Verify's EMA rule for its adaptive draft-exiting threshold;
     its defaults are the config's (`LayerSkipConfig`), defined there once."""
 
     beta1: float  # EMA weight of the past acceptance rate

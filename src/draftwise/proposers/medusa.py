@@ -1,4 +1,4 @@
-"""Medusa: K independent heads over the target's frontier state (HEADS.md section 1)."""
+"""Medusa: K independent heads over the target's frontier state (docs/drafters.md, "Draft heads")."""
 
 from draftwise.proposers.heads import family
 

@@ -1,4 +1,4 @@
-"""Self-speculation (HEADS.md sections 6-9): the target drafts for itself.
+"""Self-speculation (docs/drafters.md, "Self-speculation"): the target drafts for itself.
 
 `skipset`: which attention and MLP sublayers a layer-skipping draft pass leaves out (Draft &
 Verify), and the skip-set artifact `draftwise skip search` writes.  `adapter`: Kangaroo's

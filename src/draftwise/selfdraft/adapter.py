@@ -1,4 +1,4 @@
-"""Kangaroo's adapter (HEADS.md section 7) and its artifact.
+"""Kangaroo's adapter (docs/drafters.md, "Kangaroo") and its artifact.
 
 Draft = A o M[:l]: the target's first l layers, then the adapter A, then the target's own LM
 head.  A is one multi-head attention layer and two norms, no FFN, as in the official Kangaroo

@@ -52,10 +52,9 @@ def build_state(decoder: Decoder, config: ServeConfig) -> ServerState:
 
 def warm_up(decoder: Decoder) -> None:
     """One short generation on the calling (main) thread before the worker thread runs any.
-    Measured here (transformers, torch's OpenMP pool of 2 threads): while the main thread has
-    never run a parallel region, every forward of the worker thread ran 20-50x slower (a
-    4-token request took 15 s instead of 0.3 s); one forward on the main thread first, and the
-    worker's forwards run at full speed.  It costs one forward at startup."""
+    With transformers on torch's OpenMP pool, while the main thread has never run a parallel
+    region, every forward of the worker thread runs many times slower than it should; one
+    forward on the main thread first, and the worker's forwards run at full speed.  It costs one forward at startup."""
     decoder.sized(1).generate(decoder.target.tokenize("Hello"))
 
 

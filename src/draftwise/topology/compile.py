@@ -4,7 +4,7 @@ Paths are merged by their FULL token prefix (a trie keyed by (parent row, token)
 (depth, token): two equal tokens under different prefixes are different rows with their own
 masks and KV rows.  Rows come in parent-before-child order.
 
-Coordinates (see DESIGN.md): with `prefix_len` committed tokens, the last of them being the
+Coordinates (docs/architecture.md, "Coordinates"): with `prefix_len` committed tokens, the last of them being the
 pending token at position prefix_len - 1, candidate row r sits at position
 prefix_len + depth[r] - 1.  The target logits come back as row 0 = frontier (the pending
 token's output) and row r + 1 = the output of candidate row r, so the distribution that

@@ -1,4 +1,5 @@
-"""Training Kangaroo's adapter (HEADS.md section 7) by distillation from the frozen target.
+"""Training Kangaroo's adapter by distillation from the frozen target (docs/training.md, "Kangaroo
+adapters").
 
 Data: the cached hidden-state stream of the heads pipeline (`pipeline.hidden_stream`: ShareGPT
 or self-distilled conversations, one segment each, the target's final-norm state per token),

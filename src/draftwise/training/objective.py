@@ -1,4 +1,5 @@
-"""What a head is trained against, and on which path (HEADS.md sections 2 and 3).
+"""What a head is trained against, and on which path (docs/training.md, "Draft heads" and
+"Hydra++ and Clover").
 
     L_hard    = sum_i lambda_i CE(q_i, x_{t+i})
     L_teacher = -sum_i lambda_i sum_v p_T(v | x_<=t+i-1) log q_i(v | h, x_t .. x_{t+i-1})

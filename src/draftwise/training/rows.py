@@ -1,4 +1,4 @@
-"""Teacher-forcing rows of a packed stream (HEADS.md section 2).
+"""Teacher-forcing rows of a packed stream (docs/training.md, "Draft heads").
 
 For head i (1-based) an anchor t is a position such that t - 1 and t + i lie in t's own
 segment and the token at t + i is a label (an answer token).  Its input is hidden[t - 1] (and,

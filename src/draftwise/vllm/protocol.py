@@ -34,7 +34,7 @@ class WorkerRequest:
     methods: tuple[VllmMethod, ...]
     max_model_len: int = 2048
     ignore_eos: bool = False
-    # vLLM compiles the model with torch.compile by default: minutes per engine on a busy 2-core
+    # vLLM compiles the model with torch.compile by default: slow per engine on a busy CPU
     # machine (cached once per shape set); eager skips it, which the study records per run
     enforce_eager: bool = False
 

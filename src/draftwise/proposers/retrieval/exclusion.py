@@ -1,15 +1,15 @@
 """Evaluation exclusion: drop every corpus document that shares a long n-gram with a benchmark.
 
 The n-gram is NGRAM = 13 target tokens (the contamination window of GPT-3's and later
-decontamination studies; 13 code tokens are about 40-50 characters).  Matching is done on
+decontamination studies; 13 code tokens make a short line of code).  Matching is done on
 token ids of the target tokenizer: every 13-token window of a document is hashed with a
 64-bit polynomial rolling hash and looked up in the set of window hashes of the benchmark
 texts.  A hash collision can only drop an innocent document, never keep a contaminated one.
 
 Benchmark windows with fewer than MIN_LETTERS letters are not used: tokenizers that split
 digits (Qwen) make "1, 2, 3, 4, 5" a 13-token window, and such windows of numbers and
-punctuation matched 6% of the Python files of a site-packages tree without saying anything
-about contamination.
+punctuation dropped many of the Python files of a site-packages tree without saying anything
+about contamination (benchmarks/rest_index/).
 
 Benchmark texts: Spec-Bench-format JSONL (every turn and every reference) and `humaneval`
 (every prompt, canonical solution, and prompt + solution, so windows across the seam count).

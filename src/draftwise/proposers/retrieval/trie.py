@@ -63,8 +63,9 @@ def build_trie(continuations: np.ndarray) -> Trie:
     Vectorized over the whole [K, L] block: after sorting the rows, a cell starts a new node
     exactly when its prefix differs from the row above, so node ids, parents and prefix
     counts come from a few array passes; one lexsort on each node's path of
-    (-count, token) pairs then gives the canonical breadth-first order.  At 64 x 8 this
-    costs ~0.2 ms at most, where a dict walk took up to ~1.7 ms for 500-node tries.
+    (-count, token) pairs then gives the canonical breadth-first order.  A per-cell dict walk
+    was the slow part of a query on the largest tries; array passes keep it a small share of one
+    (query latency: benchmarks/rest_index/).
     """
     k, length = continuations.shape
     if k == 0 or length == 0:
