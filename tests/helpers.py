@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from draftwise.contracts import (
+from draftwise.runtime.contracts import (
     ProbabilitySemantics,
     ProposalNode,
     ProposalResult,

@@ -17,7 +17,7 @@ import argparse
 import time
 
 from draftwise.api import open_decoder
-from draftwise.batch_control import DoNoHarm, DoNoHarmConfig
+from draftwise.runtime.guard import DoNoHarm, DoNoHarmConfig
 from draftwise.bench.closed_loop import run_closed_loop
 from draftwise.runtime.round import GenerationConfig
 from draftwise.spec import DecoderSpec

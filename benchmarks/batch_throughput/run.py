@@ -41,7 +41,7 @@ from draftwise.spec import DecoderSpec
 from draftwise.workloads import first_turn_prompts
 
 # lookup: fixed depth, always speculating (guard=false), what a serving engine does by default;
-# lookup+guard: the same behind the batch's do-no-harm guard (draftwise.batch_control)
+# lookup+guard: the same behind the batch's do-no-harm guard (draftwise.runtime.guard)
 METHODS = {"plain": {"proposer": "none"}, "lookup": {"proposer": "prompt-lookup", "guard": "false"},
            "lookup+guard": {"proposer": "prompt-lookup"}}
 

@@ -73,6 +73,11 @@ def run_pass(checkout: Path, args: argparse.Namespace) -> list[dict]:
     return cells
 
 
+def spread(values: list[float], digits: int = 2) -> str:
+    """median (min-max) of sorted values"""
+    return f"{values[len(values) // 2]:.{digits}f} ({values[0]:.{digits}f}-{values[-1]:.{digits}f})"
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", type=Path, help="checkout of the base version")
@@ -107,10 +112,8 @@ def main(argv: list[str] | None = None) -> None:
                        "(median, range) | outputs the same (per pass) |", "|---|---|---|---|---|---|"]
     for method in args.methods.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
-            def of(version: str) -> list[dict]:
-                return [c for p in passes if p["version"] == version for c in p["cells"]
-                        if c["method"] == method and c["batch"] == batch]
-            base, new = of("base"), of("new")
+            base, new = ([c for p in passes if p["version"] == version for c in p["cells"]
+                          if c["method"] == method and c["batch"] == batch] for version in ("base", "new"))
             ratios = sorted(n["tok_s"] / b["tok_s"] for b, n in zip(base, new))
             same = [sum(x == y for x, y in zip(b["outputs"], n["outputs"])) for b, n in zip(base, new)]
             row = {"method": method, "batch": batch, "base": sorted(c["tok_s"] for c in base),
@@ -118,8 +121,6 @@ def main(argv: list[str] | None = None) -> None:
                    "prompts": len(base[0]["outputs"])}
             rows.append(row)
 
-            def spread(values: list[float], digits: int = 2) -> str:
-                return f"{values[len(values) // 2]:.{digits}f} ({values[0]:.{digits}f}-{values[-1]:.{digits}f})"
             lines.append(f"| {method} | {batch} | {spread(row['base'])} | {spread(row['new'])} | "
                          f"{spread(ratios, 3)} | {same} of {row['prompts']} |")
     for p in passes:

@@ -21,8 +21,8 @@ import json
 from pathlib import Path
 
 from draftwise.artifacts import read_manifest
-from draftwise.cost_profile import BatchCostProfile, VerifyCostProfile
-from draftwise.gate import CostGateConfig
+from draftwise.runtime.cost_profile import BatchCostProfile, VerifyCostProfile
+from draftwise.runtime.gate import CostGateConfig
 from draftwise.optimize.auto_proposer import TRACES_FILE
 from draftwise.optimize.replay import Trace, replay
 from draftwise.proposers.prompt_lookup import PromptLookupProposer

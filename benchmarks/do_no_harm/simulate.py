@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from draftwise.batch_control import Arm, DoNoHarm, DoNoHarmConfig
+from draftwise.runtime.guard import Arm, DoNoHarm, DoNoHarmConfig
 from draftwise.proposers.prompt_lookup import PromptLookupConfig, find_continuations
 
 

@@ -33,9 +33,9 @@ from pathlib import Path
 
 from draftwise.backends.load import load_backend
 from draftwise.build import fitted_generation, make_proposers
-from draftwise.cost_profile import VerifyCostProfile
+from draftwise.runtime.cost_profile import VerifyCostProfile
 from draftwise.runtime.round import GenerationConfig
-from draftwise.gate import CostGateConfig
+from draftwise.runtime.gate import CostGateConfig
 from draftwise.optimize.auto_proposer import HiddenTraces
 from draftwise.optimize.replay import Trace, replay
 from draftwise.optimize.trace_hidden import record_hidden

@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from draftwise.backends.load import load_backend
-from draftwise.contracts import ProbabilitySemantics, ProposalNode, ProposalResult, ProposerContract
-from draftwise.contracts import SamplingRelation, TopologyKind
+from draftwise.runtime.contracts import ProbabilitySemantics, ProposalNode, ProposalResult, ProposerContract
+from draftwise.runtime.contracts import SamplingRelation, TopologyKind
 from draftwise.data import spec_bench_questions
 from draftwise.topology.compile import TreeLimits, compile_round
 

@@ -43,7 +43,7 @@ from draftwise.models import cache_dir
 from draftwise.optimize.auto import AutoTreeConfig, auto_gate_directory, ensure_profile, gate_rows
 from draftwise.optimize.auto_proposer import (candidate_rows, choose_proposer, ensure_traces,
                                               replay_candidate, trace_key)
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 
 REPLAYABLE = ("none", "prompt-lookup", "rest", "draft-model")
 

@@ -41,11 +41,11 @@ from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.optimize.acceptance import AcceptanceProfile
 from draftwise.optimize.auto import AutoTreeConfig, auto_tree
 from draftwise.optimize.calibrate import relation_for
-from draftwise.cost_profile import VerifyCostProfile
+from draftwise.runtime.cost_profile import VerifyCostProfile
 from draftwise.optimize.select import draft_round_steps, draft_steps
 from draftwise.optimize.sequoia_dp import solve
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.topology.compile import TreeLimits
 from draftwise.topology.templates import from_paths
 from draftwise.verify.registry import auto_verifier_name, make_verifier

@@ -21,9 +21,9 @@ _EXPORTS = {
     "spec_from_options": "draftwise.parse",
     "GenerationConfig": "draftwise.runtime.round",
     "GenerationResult": "draftwise.runtime.round",
-    "SamplingPolicy": "draftwise.sampling",
-    "GenerationStats": "draftwise.stats",
-    "RoundRecord": "draftwise.stats",
+    "SamplingPolicy": "draftwise.runtime.sampling",
+    "GenerationStats": "draftwise.runtime.stats",
+    "RoundRecord": "draftwise.runtime.stats",
     "DRAFTERS": "draftwise.proposers.registry",
     "DraftwiseError": "draftwise.errors",
     "InputError": "draftwise.errors",
@@ -39,10 +39,10 @@ if TYPE_CHECKING:
     from draftwise.runtime.round import GenerationConfig, GenerationResult
     from draftwise.errors import ArtifactError, BackendError, ContractError, DraftwiseError, InputError, ModelError
     from draftwise.proposers.registry import DRAFTERS
-    from draftwise.sampling import SamplingPolicy
+    from draftwise.runtime.sampling import SamplingPolicy
     from draftwise.spec import DecoderSpec
     from draftwise.parse import spec_from_options
-    from draftwise.stats import GenerationStats, RoundRecord
+    from draftwise.runtime.stats import GenerationStats, RoundRecord
 
 
 def __getattr__(name: str) -> Any:

@@ -16,18 +16,18 @@ from typing import Any, Callable, Iterator, Sequence
 from draftwise.backends.base import Backend
 from draftwise.backends.batch import BatchBackend
 from draftwise.runtime.engine import Engine
-from draftwise.batch_control import DoNoHarm
-from draftwise.cost_profile import BatchCostProfile, VerifyCostProfile
+from draftwise.runtime.guard import DoNoHarm
+from draftwise.runtime.cost_profile import BatchCostProfile, VerifyCostProfile
 from draftwise.runtime.round import GenerationConfig, GenerationResult, RequestRounds
 from draftwise.runtime.strategy import RoundStrategy
 from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.errors import InputError
-from draftwise.gate import CostGateConfig
+from draftwise.runtime.gate import CostGateConfig
 from draftwise.proposers.base import Proposer
 from draftwise.proposers.family import DraftPasses, DrafterFamily, DrafterResources
 from draftwise.spec import (AutoGate, Choice, DecoderSpec, GateProfile, Guard, concrete_drafter, fitted_generation,
                             members)
-from draftwise.text_stream import TextPieces
+from draftwise.runtime.text_stream import TextPieces
 from draftwise.verify.registry import make_verifier
 
 Prompt = str | Sequence[int]

@@ -9,9 +9,9 @@ measures anything.
 from __future__ import annotations
 
 from draftwise.backends.dtype import DEFAULT_DTYPE
-from draftwise.contracts import ProposerContract
+from draftwise.runtime.contracts import ProposerContract
 from draftwise.errors import InputError
-from draftwise.gate import check_gateable
+from draftwise.runtime.gate import check_gateable
 from draftwise.spec import DecoderSpec, concrete_drafter, members
 from draftwise.verify.base import bind
 from draftwise.verify.registry import make_verifier

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from draftwise.backends.dtype import DEFAULT_DTYPE, DtypeChoice, check_dtype
 from draftwise.backends.load import BACKENDS
-from draftwise.contracts import ProposerContract
+from draftwise.runtime.contracts import ProposerContract
 from draftwise.runtime.round import GenerationConfig
 from draftwise.errors import InputError
 from draftwise.models import DEFAULT_MODEL
 from draftwise.options import config_items
-from draftwise.batch_control import DoNoHarmConfig
+from draftwise.runtime.guard import DoNoHarmConfig
 from draftwise.proposers.family import CandidateShape, DrafterFamily
 from draftwise.proposers.registry import DRAFTERS
 from draftwise.topology.compile import TreeLimits
@@ -176,7 +176,7 @@ class Strict(Enum):
 
 
 class Guard(Enum):
-    """The do-no-harm guard (`guard=`, `draftwise.batch_control`): where each round may fall back
+    """The do-no-harm guard (`guard=`, `draftwise.runtime.guard`): where each round may fall back
     to a plain step because plain steps measured more committed tokens per second."""
 
     # batches only (the default), and a request whose proposer `auto` chose (`optimize.auto_proposer.guarded`):
@@ -211,7 +211,7 @@ class DecoderSpec:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     max_batch: int = 1  # requests a batch decoder of this spec holds at once (`batch=`): the gate is planned for it
     # each round speculates or decodes plainly by which the rounds measured to commit more tokens per
-    # second (`draftwise.batch_control`): in batches (the default), everywhere (true) or nowhere (false)
+    # second (`draftwise.runtime.guard`): in batches (the default), everywhere (true) or nowhere (false)
     guard: Guard = Guard.BATCH
 
     def __post_init__(self) -> None:

@@ -35,7 +35,7 @@ from typing import Callable
 from draftwise.data import CHAT_CALIBRATION, SPEC_BENCH_DEV, chat_calibration_prompts, spec_bench_questions
 from draftwise.errors import InputError
 from draftwise.paths import is_file
-from draftwise.text import check_utf8
+from draftwise.runtime.text import check_utf8
 
 HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with the code only.\n\n"
 

@@ -11,14 +11,14 @@ from draftwise.spec import GateProfile
 from tests.helpers import make_spec
 from draftwise.runtime.round import GenerationConfig
 from draftwise.runtime.decoder import SpeculativeDecoder
-from draftwise.gate import CostGateConfig
+from draftwise.runtime.gate import CostGateConfig
 from draftwise.optimize.auto import AutoTreeConfig, auto_gate_directory
 from draftwise.optimize.auto_proposer import choose_proposer
-from draftwise.cost_profile import VerifyCostProfile
+from draftwise.runtime.cost_profile import VerifyCostProfile
 from draftwise.optimize.replay import replay, trace_from_records
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer
 from draftwise.proposers.prompt_lookup import PromptLookupConfig, PromptLookupProposer
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.verify.registry import make_verifier
 from tests.integration.tiny_models import tiny_backend
 

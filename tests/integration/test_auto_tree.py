@@ -6,7 +6,7 @@ import pytest
 
 from draftwise.logs import progress_to
 from draftwise.optimize.auto import AutoTreeConfig, auto_tree
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from tests.integration.tiny_models import tiny_backend
 
 CONFIG = AutoTreeConfig(width=2, max_nodes=6, max_depth=3, calibration_tokens=8, profile_prefix_len=16,
@@ -74,7 +74,7 @@ def test_auto_gate_profile_measures_every_row_count_once_then_reuses(tmp_path):
 def test_a_gate_profile_is_used_only_for_the_target_it_measured(tmp_path):
     from draftwise.build import gate_config
     from tests.helpers import make_spec
-    from draftwise.cost_profile import VerifyCostProfile
+    from draftwise.runtime.cost_profile import VerifyCostProfile
 
     target = tiny_backend(0)
     for name, model in (("mine", target.info.checkpoint), ("other", "some-other-model")):
@@ -149,7 +149,7 @@ def test_a_profile_sampled_the_old_way_is_measured_again(tmp_path):
     remeasured with shuffled passes, not reused."""
     from draftwise.backends.profile import SAMPLING
     from draftwise.optimize.auto import ensure_profile
-    from draftwise.cost_profile import VerifyCostProfile
+    from draftwise.runtime.cost_profile import VerifyCostProfile
 
     target = tiny_backend(0)
     old = VerifyCostProfile.from_absolute([1, 2, 3], [0.01, 0.02, 0.03], model=target.info.checkpoint,
@@ -194,7 +194,7 @@ def test_a_profile_measured_while_the_machine_was_busy_is_never_reused(tmp_path,
     """A cached profile whose repeats disagreed (`reliable: false`) is measured again; one whose
     repeats agreed, or of single repeats (that cannot tell), is reused."""
     from draftwise.backends.profile import SAMPLING
-    from draftwise.cost_profile import VerifyCostProfile
+    from draftwise.runtime.cost_profile import VerifyCostProfile
     from draftwise.optimize.auto import ensure_profile
 
     target = tiny_backend(0)

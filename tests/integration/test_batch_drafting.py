@@ -272,7 +272,7 @@ def test_a_plain_round_chosen_by_the_guard_drafts_nothing(tiny, draft, drafter, 
     plain round are paid and thrown away)."""
     from draftwise.runtime.engine import Engine
     from draftwise.runtime.strategy import RoundStrategy
-    from draftwise.batch_control import Arm, DoNoHarm
+    from draftwise.runtime.guard import Arm, DoNoHarm
 
     from tests.integration.tiny_heads import random_headset, save_headset
 
@@ -328,7 +328,7 @@ def test_a_gated_union_in_a_batch_cuts_per_source_and_keeps_each_requests_own_ou
     """prompt-lookup+hydra with the gate (one acceptance model per source) in shared rounds:
     every request's output equals its own alone with the same gate; the gate cut rounds (the
     profile makes rows cost), and the batch's deeper cuts of those rounds are depth cuts."""
-    from draftwise.cost_profile import VerifyCostProfile
+    from draftwise.runtime.cost_profile import VerifyCostProfile
 
     steep = VerifyCostProfile(rows=tuple(range(1, 17)), relative=tuple([1.0, 1.02, 1.04] + [1.6] * 13), absolute_s=None,
                               model=tiny.info.checkpoint, backend="transformers", threads=1, machine="test")
@@ -342,7 +342,7 @@ def test_a_gated_union_in_a_batch_skips_the_heads_where_their_rows_would_not_be_
     drafting time is priced): the gate would verify none of the heads' rows, so after their first
     proposals the heads are not asked (each request's own gate decides, inside the shared rounds),
     and every request's output is still its own alone."""
-    from draftwise.cost_profile import VerifyCostProfile
+    from draftwise.runtime.cost_profile import VerifyCostProfile
 
     rows = tuple(range(1, 17))
     linear = VerifyCostProfile.from_absolute(rows, [1e-3 * n for n in rows], model=tiny.info.checkpoint,
@@ -362,7 +362,7 @@ def test_a_batchs_plain_rounds_carry_shadow_proposals_that_the_controller_counts
     request's alone; a draft model (state of its own) is never asked in a plain round."""
     from draftwise.runtime.engine import Engine
     from draftwise.runtime.strategy import RoundStrategy
-    from draftwise.batch_control import Arm, DoNoHarm
+    from draftwise.runtime.guard import Arm, DoNoHarm
 
     class Alternating(DoNoHarm):  # plain on every other steady round, speculation on the rest
         def play(self, batch):
@@ -385,7 +385,7 @@ def test_a_round_where_a_request_joins_plays_the_chosen_arm_for_the_others(tiny)
     Planted fault this catches: such rounds speculating unguarded (one per join in a closed loop)."""
     from draftwise.runtime.engine import Engine
     from draftwise.runtime.strategy import RoundStrategy
-    from draftwise.batch_control import Arm, DoNoHarm
+    from draftwise.runtime.guard import Arm, DoNoHarm
 
     class Plain(DoNoHarm):  # the guard has settled on plain at every batch size
         def play(self, batch):

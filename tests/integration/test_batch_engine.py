@@ -12,11 +12,11 @@ import pytest
 from draftwise.backends.transformers_batch import TransformersBatch
 from draftwise.runtime.engine import Engine, Failed, Finished, Tokens
 from draftwise.runtime.strategy import RoundStrategy
-from draftwise.batch_control import Arm, DoNoHarm
+from draftwise.runtime.guard import Arm, DoNoHarm
 from draftwise.build import batch_decoder, build_decoder
 from draftwise.runtime.round import GenerationConfig
 from draftwise.errors import BackendError, ContractError, InputError
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.spec import Guard
 from tests.helpers import make_spec
 from tests.integration.test_batch_drafting import shared_draft_rounds
@@ -258,7 +258,7 @@ def test_a_batch_gate_prices_rows_by_the_batch_size(tiny, tmp_path):
     at B = 2, the gate verifies pending rows only (plain batched decoding); with the batch-1
     profile (rows nearly free) the same requests speculate.  Both are the requests' own greedy
     outputs."""
-    from draftwise.cost_profile import BatchCostProfile, VerifyCostProfile
+    from draftwise.runtime.cost_profile import BatchCostProfile, VerifyCostProfile
     from draftwise.spec import GateProfile
 
     def profile(relative):
@@ -294,7 +294,7 @@ def test_the_batch_cuts_every_gated_round_to_the_depth_that_pays_for_the_batch(t
     """Two gated requests with 4-deep chains: one likely accepted, one not.  Where every extra row
     costs most of a step at B = 2, the widest request would make both pay, and the batch is best
     off with pending rows only; where rows are free it verifies everything."""
-    from draftwise.cost_profile import BatchCostProfile, VerifyCostProfile
+    from draftwise.runtime.cost_profile import BatchCostProfile, VerifyCostProfile
 
     def profile(relative):
         return VerifyCostProfile(rows=tuple(range(1, len(relative) + 1)), relative=tuple(relative), absolute_s=None,

@@ -6,7 +6,7 @@ from typer.testing import CliRunner
 
 from draftwise.cli import app
 from draftwise.optimize.acceptance import AcceptanceProfile
-from draftwise.cost_profile import VerifyCostProfile
+from draftwise.runtime.cost_profile import VerifyCostProfile
 
 
 def test_calibrate_prompt_lookup_on_the_embedded_model(tmp_path):

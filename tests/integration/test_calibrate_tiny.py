@@ -7,13 +7,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from draftwise.contracts import SamplingRelation
+from draftwise.runtime.contracts import SamplingRelation
 from draftwise.runtime.round import GenerationConfig
 from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.optimize.calibrate import calibrate, profile_from_counts
 from draftwise.proposers.draft_model import calibrated_config
 from draftwise.proposers.draft_model import DraftModelProposer
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.verify.greedy import GreedyVerifier
 from draftwise.verify.sequoia import SequoiaVerifier
 from tests.integration.tiny_models import tiny_backend

@@ -6,10 +6,10 @@ import dataclasses
 import numpy as np
 
 from draftwise.backends.transformers import TransformersBackend
-from draftwise.contracts import SamplingRelation
+from draftwise.runtime.contracts import SamplingRelation
 from draftwise.topology.tree_spec import TreeTemplate
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer, fit_template
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.topology.templates import cartesian
 from tests.integration.tiny_models import PROMPT, V, tiny_backend
 

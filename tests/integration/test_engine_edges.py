@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from draftwise.backends.base import ContextOverflow
-from draftwise.contracts import ManifestMismatch
+from draftwise.runtime.contracts import ManifestMismatch
 from draftwise.runtime.round import GenerationConfig
 from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer, TokenizerMismatch
@@ -172,9 +172,9 @@ def test_cost_gate_is_refused_in_front_of_a_residual_verifier(smol_target, smol_
     fine for greedy and membership, a bias for rejection sampling (refused before any work)."""
     from draftwise.preflight import preflight
     from tests.helpers import make_spec
-    from draftwise.gate import CostGateConfig
-    from draftwise.cost_profile import VerifyCostProfile
-    from draftwise.sampling import SamplingPolicy
+    from draftwise.runtime.gate import CostGateConfig
+    from draftwise.runtime.cost_profile import VerifyCostProfile
+    from draftwise.runtime.sampling import SamplingPolicy
 
     profile = VerifyCostProfile(rows=(1, 2, 3), relative=(1.0, 1.5, 2.0), absolute_s=None, model="smollm2-135m",
                                 backend="transformers", threads=2, machine="test")
@@ -202,7 +202,7 @@ def test_manifest_mismatch_is_an_error(smol_target, prompt):
 
 
 def test_a_proposal_under_another_contract_than_declared_is_refused(smol_target, prompt):
-    from draftwise.contracts import ContractError, SamplingRelation
+    from draftwise.runtime.contracts import ContractError, SamplingRelation
 
     class Relabelling(ScriptedProposer):
         def propose(self, context, manifest_hash, max_depth=None):
@@ -220,7 +220,7 @@ def test_tokenizer_mismatch_is_refused(smol_draft):
 
 
 def test_incompatible_verifier_refused_before_target_work(smol_target, prompt):
-    from draftwise.sampling import SamplingPolicy
+    from draftwise.runtime.sampling import SamplingPolicy
 
     before = smol_target.cached_len
     with pytest.raises(IncompatibleVerifier):
@@ -235,7 +235,7 @@ def test_incompatible_verifier_refused_before_target_work(smol_target, prompt):
 
 
 def test_a_draft_tree_costs_one_draft_pass_per_level_and_reads_each_node_once(smol_target, smol_draft, prompt):
-    from draftwise.contracts import SamplingRelation
+    from draftwise.runtime.contracts import SamplingRelation
     from draftwise.topology.templates import cartesian
 
     counting = CountingBackend(smol_draft)

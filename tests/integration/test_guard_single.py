@@ -9,13 +9,13 @@ import time
 import numpy as np
 import pytest
 
-from draftwise.batch_control import DoNoHarmConfig
+from draftwise.runtime.guard import DoNoHarmConfig
 from draftwise.build import build_decoder
 from draftwise.runtime.round import GenerationConfig
 from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.errors import InputError
 from draftwise.proposers.prompt_lookup import PromptLookupProposer
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.verify.greedy import GreedyVerifier
 from draftwise.verify.membership import MembershipVerifier
 from tests.helpers import StubProposer, make_spec, result_from_paths

@@ -9,11 +9,11 @@ tree, emits exactly what plain decoding emits."""
 import pytest
 import torch
 
-from draftwise.contracts import SamplingRelation
+from draftwise.runtime.contracts import SamplingRelation
 from draftwise.runtime.round import GenerationConfig
 from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.proposers.heads import HeadsConfig, HeadsProposer
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.topology.templates import cartesian
 from draftwise.topology.tree_spec import TreeTemplate
 from draftwise.build import build_decoder

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from draftwise.contracts import SamplingRelation
+from draftwise.runtime.contracts import SamplingRelation
 from draftwise.proposers.heads import HeadsConfig, HeadsProposer
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.topology.templates import cartesian
 from draftwise.topology.tree_spec import TreeTemplate
 from draftwise.verify.specinfer import SpecInferVerifier

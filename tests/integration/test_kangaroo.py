@@ -22,7 +22,7 @@ from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.errors import ArtifactError
 from draftwise.proposers.family import DrafterResources
 from draftwise.proposers.kangaroo import KangarooConfig, open_kangaroo
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.selfdraft.adapter import AdapterMismatch, AdapterTarget, KangarooAdapter, load_adapter, save_adapter
 from draftwise.selfdraft.skipset import SkipSet
 from draftwise.topology.compile import compile_round

@@ -19,7 +19,7 @@ from draftwise.optimize.kangaroo_tune import ETA_GRID
 from draftwise.proposers.family import DrafterResources
 from draftwise.proposers.kangaroo import AutoAdapter, AutoEta, KangarooConfig, open_kangaroo
 from draftwise.plan import check, resolve_kangaroo
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.verify.registry import make_verifier
 from tests.helpers import make_spec
 from tests.integration.test_kangaroo import random_adapter, saved

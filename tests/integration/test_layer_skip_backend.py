@@ -20,7 +20,7 @@ from draftwise.backends.layer_skip import LayerSkipBackend
 from draftwise.backends.transformers import TransformersBackend
 from draftwise.proposers.base import RoundFeedback
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.selfdraft.skipset import SkipSet
 from draftwise.topology.compile import compile_round
 from tests.helpers import result_from_paths

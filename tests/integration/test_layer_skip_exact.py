@@ -17,7 +17,7 @@ from draftwise.runtime.round import GenerationConfig
 from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.proposers.layer_skip import LayerSkipConfig, SelfDraftProposer, open_layer_skip
 from draftwise.proposers.family import DrafterResources
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.verify.rejection import RejectionVerifier
 from draftwise.verify.registry import make_verifier
 from draftwise.verify.specinfer import SpecInferVerifier

@@ -30,8 +30,8 @@ llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not ins
 
 from draftwise.backends.base import BackendError  # noqa: E402
 from draftwise.backends.llamacpp import LlamaCppBackend  # noqa: E402
-from draftwise.contracts import ProbabilitySemantics, ProposalNode, ProposalResult, ProposerContract  # noqa: E402
-from draftwise.contracts import SamplingRelation, TopologyKind  # noqa: E402
+from draftwise.runtime.contracts import ProbabilitySemantics, ProposalNode, ProposalResult, ProposerContract  # noqa: E402
+from draftwise.runtime.contracts import SamplingRelation, TopologyKind  # noqa: E402
 from draftwise.models import resolve  # noqa: E402
 from draftwise.topology.compile import TreeLimits, compile_round  # noqa: E402
 from tests.helpers import path_to  # noqa: E402

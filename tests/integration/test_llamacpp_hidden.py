@@ -26,8 +26,8 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip 
 
 from draftwise.backends.base import supports_hidden  # noqa: E402
 from draftwise.backends.llamacpp import LlamaCppBackend  # noqa: E402
-from draftwise.contracts import ProbabilitySemantics, ProposalNode, ProposalResult, ProposerContract  # noqa: E402
-from draftwise.contracts import SamplingRelation, TopologyKind  # noqa: E402
+from draftwise.runtime.contracts import ProbabilitySemantics, ProposalNode, ProposalResult, ProposerContract  # noqa: E402
+from draftwise.runtime.contracts import SamplingRelation, TopologyKind  # noqa: E402
 from draftwise.runtime.round import GenerationConfig
 from draftwise.runtime.decoder import SpeculativeDecoder  # noqa: E402
 from draftwise.heads.arch import HeadArch, make_heads  # noqa: E402

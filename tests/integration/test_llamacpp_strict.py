@@ -30,11 +30,11 @@ from draftwise.backends.llamacpp import (  # noqa: E402
     STRICT_TREE_KERNELS,
     LlamaCppBackend,
 )
-from draftwise.cost_profile import VerifyCostProfile  # noqa: E402
+from draftwise.runtime.cost_profile import VerifyCostProfile  # noqa: E402
 from draftwise.runtime.round import GenerationConfig
 from draftwise.runtime.decoder import SpeculativeDecoder  # noqa: E402
-from draftwise.gate import CostGateConfig  # noqa: E402
-from draftwise.logits import NumpyLogits  # noqa: E402
+from draftwise.runtime.gate import CostGateConfig  # noqa: E402
+from draftwise.runtime.logits import NumpyLogits  # noqa: E402
 from draftwise.models import resolve  # noqa: E402
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer  # noqa: E402
 from draftwise.proposers.prompt_lookup import PromptLookupConfig, PromptLookupProposer  # noqa: E402

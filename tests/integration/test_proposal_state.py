@@ -3,12 +3,12 @@ keeps exactly the committed text, and its next proposal equals a fresh run's."""
 
 import numpy as np
 
-from draftwise.contracts import ProposalResult
+from draftwise.runtime.contracts import ProposalResult
 from draftwise.runtime.round import GenerationConfig, feedback_for
 from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.proposers.base import RoundFeedback
 from draftwise.proposers.draft_model import DraftCacheMark, DraftConfig, DraftModelProposer
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.topology.compile import compile_round
 from draftwise.verify.registry import make_verifier
 from tests.integration.tiny_models import PROMPT, tiny_backend

@@ -5,7 +5,7 @@ the residual after a rejection) is caught by the same test."""
 import pytest
 
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer
-from draftwise.sampling import SamplingPolicy, sample
+from draftwise.runtime.sampling import SamplingPolicy, sample
 from draftwise.verify.base import Selection
 from draftwise.verify.rejection import RejectionVerifier, accept_probability
 from tests.integration.tiny_models import LOGITS_PATHS, chi_square_p, exact_joint, first_two_counts, tiny_backend

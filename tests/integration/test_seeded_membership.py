@@ -13,7 +13,7 @@ from draftwise.backends.transformers_batch import TransformersBatch
 from draftwise.build import batch_decoder, build_decoder
 from draftwise.runtime.round import GenerationConfig
 from draftwise.runtime.decoder import SpeculativeDecoder
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.verify.membership import MembershipVerifier
 from tests.helpers import make_spec
 from tests.integration.tiny_models import tiny_backend

@@ -13,7 +13,7 @@ from draftwise.runtime.round import GenerationConfig
 from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.proposers.family import DrafterResources
 from draftwise.proposers.kangaroo import KangarooConfig, open_kangaroo
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.topology.compile import compile_round
 from draftwise.verify.registry import make_verifier
 from tests.integration.test_kangaroo import random_adapter, saved

@@ -55,7 +55,7 @@ def test_draft_model_is_token_identical(smol_target, smol_draft, prompts_and_pla
 
 
 def test_draft_model_tree_is_token_identical(smol_target, smol_draft, prompts_and_plain):
-    from draftwise.contracts import SamplingRelation
+    from draftwise.runtime.contracts import SamplingRelation
 
     prompts, plain = prompts_and_plain
     config = DraftConfig(tree=TreeTemplate(parse_template("wbd:2,2,1")), relation=SamplingRelation.BEAM)
@@ -75,7 +75,7 @@ def test_draft_equal_to_target_accepts_everything(smol_target, smol_draft, promp
 
 
 def test_sampling_with_rejection_runs_and_is_seeded(smol_target, smol_draft, prompts_and_plain):
-    from draftwise.sampling import SamplingPolicy
+    from draftwise.runtime.sampling import SamplingPolicy
 
     prompts, _ = prompts_and_plain
     config = GenerationConfig(max_new_tokens=16, policy=SamplingPolicy(temperature=0.8, top_p=0.95), seed=7)
@@ -87,7 +87,7 @@ def test_sampling_with_rejection_runs_and_is_seeded(smol_target, smol_draft, pro
 
 
 def _profile(relative):
-    from draftwise.cost_profile import VerifyCostProfile
+    from draftwise.runtime.cost_profile import VerifyCostProfile
 
     return VerifyCostProfile(rows=tuple(range(1, len(relative) + 1)), relative=tuple(relative), absolute_s=None,
                              model="smollm2-135m", backend="transformers", threads=2, machine="test")
@@ -95,7 +95,7 @@ def _profile(relative):
 
 @pytest.mark.parametrize("candidates", [1, 4])
 def test_cost_gate_is_token_identical_and_both_gates_and_speculates(smol_target, prompts_and_plain, candidates):
-    from draftwise.gate import CostGateConfig
+    from draftwise.runtime.gate import CostGateConfig
 
     # this CPU's transformers shape: one row cheap, every wider round ~3.3 plain steps
     config = GenerationConfig(max_new_tokens=NEW, gate=CostGateConfig(_profile([1.0] + [3.3] * 64)))
@@ -111,7 +111,7 @@ def test_cost_gate_is_token_identical_and_both_gates_and_speculates(smol_target,
 
 
 def test_cost_gate_where_no_round_pays_decodes_plain_steps(smol_target, prompts_and_plain):
-    from draftwise.gate import CostGateConfig
+    from draftwise.runtime.gate import CostGateConfig
 
     config = GenerationConfig(max_new_tokens=NEW, gate=CostGateConfig(_profile([1.0] + [100.0] * 64)))
     prompts, plain = prompts_and_plain
@@ -122,7 +122,7 @@ def test_cost_gate_where_no_round_pays_decodes_plain_steps(smol_target, prompts_
 
 
 def test_cost_gate_on_a_flat_profile_cuts_nothing(smol_target, prompts_and_plain):
-    from draftwise.gate import CostGateConfig
+    from draftwise.runtime.gate import CostGateConfig
 
     prompts, _ = prompts_and_plain
     ungated = run(smol_target, [PromptLookupProposer()], prompts[1])

@@ -6,9 +6,9 @@ one-position set; and each planted bug the issue names is caught by the same tes
 import numpy as np
 import pytest
 
-from draftwise.contracts import SamplingRelation
+from draftwise.runtime.contracts import SamplingRelation
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.topology.templates import cartesian
 from draftwise.verify.rejection import accept_probability, residual
 from draftwise.verify.sequoia import SequoiaVerifier

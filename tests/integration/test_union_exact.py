@@ -9,12 +9,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from draftwise.contracts import SamplingRelation
+from draftwise.runtime.contracts import SamplingRelation
 from draftwise.runtime.round import GenerationConfig
 from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer
 from draftwise.proposers.prompt_lookup import PromptLookupConfig, PromptLookupProposer
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.verify.base import IncompatibleVerifier, bind
 from draftwise.verify.membership import MembershipVerifier
 from draftwise.verify.registry import make_verifier

@@ -16,7 +16,7 @@ from draftwise.runtime.round import GenerationConfig
 from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.heads.arch import HeadArch, make_heads
 from draftwise.heads.artifact import HeadSet, HeadTarget, save_heads
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.verify.sequoia import without_replacement_q
 from tests.integration.tiny_models import chi_square_p
 

@@ -19,8 +19,8 @@ from draftwise.backends.base import BackendInfo
 from draftwise.backends.transformers import TorchLogits, TransformersBackend
 from draftwise.runtime.round import GenerationConfig
 from draftwise.runtime.decoder import SpeculativeDecoder
-from draftwise.sampling import SamplingPolicy
-from draftwise.logits import NumpyLogits
+from draftwise.runtime.sampling import SamplingPolicy
+from draftwise.runtime.logits import NumpyLogits
 
 V = 8
 PROMPT = [1, 2, 3]

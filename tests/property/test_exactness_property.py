@@ -15,7 +15,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from draftwise.contracts import SamplingRelation, TopologyKind
+from draftwise.runtime.contracts import SamplingRelation, TopologyKind
 from draftwise.oracles.multi_candidate import (
     constant,
     max_deviation,

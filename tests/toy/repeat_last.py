@@ -9,13 +9,13 @@ from typing import Sequence
 
 import numpy as np
 
-from draftwise.contracts import ProbabilitySemantics, ProposalNode, ProposalResult, ProposerContract
-from draftwise.contracts import SamplingRelation, TopologyKind
+from draftwise.runtime.contracts import ProbabilitySemantics, ProposalNode, ProposalResult, ProposerContract
+from draftwise.runtime.contracts import SamplingRelation, TopologyKind
 from draftwise.errors import InputError
 from draftwise.options import option
 from draftwise.proposers.base import RoundFeedback
 from draftwise.proposers.family import CandidateShape, DrafterFamily
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 
 CONTRACT = ProposerContract(ProbabilitySemantics.ABSENT, SamplingRelation.DETERMINISTIC_LOOKUP, TopologyKind.SEQUENCE)
 

@@ -1,4 +1,4 @@
-"""The batch's do-no-harm controller (`draftwise.batch_control`): it converges to the arm that
+"""The batch's do-no-harm controller (`draftwise.runtime.guard`): it converges to the arm that
 commits more tokens per second, explores the other within its stated bound, follows a change,
 and keeps each batch size's estimate apart."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from draftwise.batch_control import Arm, DoNoHarm, DoNoHarmConfig
+from draftwise.runtime.guard import Arm, DoNoHarm, DoNoHarmConfig
 from draftwise.errors import InputError
 
 

@@ -178,7 +178,7 @@ def test_a_long_json_tree_is_a_template_not_a_path():
 
 def test_a_heuristic_method_is_labelled_and_never_ranked_as_exact():
     from draftwise.bench.report import _winner
-    from draftwise.sampling import SamplingPolicy
+    from draftwise.runtime.sampling import SamplingPolicy
 
     sampling = MethodDefaults(target="smollm2-135m", draft=None,
                               generation=GenerationConfig(policy=SamplingPolicy(temperature=0.8)))

@@ -83,7 +83,7 @@ def test_interrupted_run_resumes_without_redoing(tmp_path, pool, monkeypatch):
 
 def test_a_gated_method_records_the_cost_profile_its_gate_decided_by_and_a_log_gets_progress_lines(tmp_path, pool):
     from draftwise.models import resolve
-    from draftwise.cost_profile import VerifyCostProfile
+    from draftwise.runtime.cost_profile import VerifyCostProfile
 
     profile_dir = tmp_path / "profile"
     VerifyCostProfile.from_absolute([1, 2, 4, 8], [0.01, 0.012, 0.015, 0.03], model=resolve("smollm2-135m").checkpoint_id,

@@ -14,15 +14,15 @@ from draftwise.preflight import planned_contracts, preflight
 from draftwise.plan import read_tree_artifact
 from tests.helpers import make_spec
 from draftwise.cli import app
-from draftwise.contracts import TopologyKind
+from draftwise.runtime.contracts import TopologyKind
 from draftwise.runtime.round import GenerationConfig, slot_path
 from draftwise.optimize.acceptance import AcceptanceProfile
 from draftwise.optimize.select import draft_round_steps
 from draftwise.optimize.calibrate import calibrate, calibration_spec, count_slots
-from draftwise.cost_profile import VerifyCostProfile
+from draftwise.runtime.cost_profile import VerifyCostProfile
 from draftwise.optimize.select import load_tree_artifact
-from draftwise.sampling import SamplingPolicy
-from draftwise.stats import RoundRecord
+from draftwise.runtime.sampling import SamplingPolicy
+from draftwise.runtime.stats import RoundRecord
 from draftwise.topology.compile import TreeLimits, compile_round
 from tests.helpers import result_from_paths
 

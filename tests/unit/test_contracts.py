@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from draftwise.contracts import (
+from draftwise.runtime.contracts import (
     ContractError,
     ManifestMismatch,
     ProbabilitySemantics,

@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 CORE = (
-    "draftwise.contracts",
+    "draftwise.runtime.contracts",
     "draftwise.runtime.decoder",
-    "draftwise.sampling",
+    "draftwise.runtime.sampling",
     "draftwise.topology",
     "draftwise.verify",
     "draftwise.proposers.prompt_lookup",

@@ -8,7 +8,7 @@ from draftwise.bench.methods import MethodDefaults, MethodError, parse_method
 from draftwise.runtime.round import GenerationConfig
 from draftwise.errors import InputError
 from draftwise.proposers.registry import DRAFTERS
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.spec import DecoderSpec
 from draftwise.parse import spec_from_options
 from tests.integration.tiny_models import PROMPT, tiny_backend

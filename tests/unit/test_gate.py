@@ -3,8 +3,8 @@ what it learns from a round (including the candidates it cut)."""
 
 import pytest
 
-from draftwise.gate import CostGate, CostGateConfig, gate_round, rows_within_depths
-from draftwise.cost_profile import VerifyCostProfile
+from draftwise.runtime.gate import CostGate, CostGateConfig, gate_round, rows_within_depths
+from draftwise.runtime.cost_profile import VerifyCostProfile
 from draftwise.topology.compile import TreeLimits, compile_round, cut_to_depth
 from tests.helpers import result_from_paths
 
@@ -170,7 +170,7 @@ LINEAR = profile([float(n) for n in range(1, 22)])  # every row costs a full ste
 
 
 def test_in_a_batch_the_gate_prices_rows_by_the_batch_sizes_profile():
-    from draftwise.cost_profile import BatchCostProfile
+    from draftwise.runtime.cost_profile import BatchCostProfile
 
     batches = BatchCostProfile({1: FLAT, 4: STEP, 8: LINEAR})
     g = CostGate(CostGateConfig(FLAT, prior_first=0.9, prior_continue=0.9, batch_profile=batches))
@@ -187,7 +187,7 @@ def test_in_a_batch_the_gate_prices_rows_by_the_batch_sizes_profile():
 
 
 def test_a_batch_profile_round_trips_and_refuses_tampering(tmp_path):
-    from draftwise.cost_profile import BatchCostProfile
+    from draftwise.runtime.cost_profile import BatchCostProfile
     from draftwise.errors import ArtifactError
 
     batches = BatchCostProfile({1: FLAT, 8: LINEAR})
@@ -209,7 +209,7 @@ def union_round(lookup_paths, heads_paths, prefix_len=10):
 
 
 def source_gate(p=profile([1.0, 1.05, 1.1, 1.6, 1.7, 1.8, 1.9, 2.0, 2.1, 2.2, 2.3, 2.4, 2.5, 2.6, 2.7]), **rates):
-    from draftwise.gate import SourceGate
+    from draftwise.runtime.gate import SourceGate
 
     return SourceGate(CostGateConfig(p, **rates), 2)
 
@@ -255,7 +255,7 @@ def test_a_row_both_sources_proposed_stays_while_either_keeps_it():
 
 def test_a_round_that_reads_the_prompt_is_left_whole_and_one_source_is_no_union():
     from draftwise.errors import InputError
-    from draftwise.gate import SourceGate
+    from draftwise.runtime.gate import SourceGate
 
     offered = union_round([[1, 2]], [[3]])
     assert gate_round(source_gate(), offered, reads_prompt=True) == (offered, False)
@@ -286,7 +286,7 @@ def test_a_source_that_only_agrees_with_the_other_is_not_verified_for_its_agreem
     for _ in range(10):
         g.observe(agree, [7, 8, 6])
         g.observe(differ, [5])
-    from draftwise.union_walks import UnionWalks
+    from draftwise.runtime.union_walks import UnionWalks
 
     walks = g.walks
     assert gate_round(g, differ, reads_prompt=False)[0].token_ids.tolist() == [3, 4]
@@ -300,7 +300,7 @@ def test_a_source_that_only_agrees_with_the_other_is_not_verified_for_its_agreem
 
 
 def test_union_walks_record_owners_continue_into_later_tokens_and_serve_their_sources_subsets():
-    from draftwise.union_walks import UnionWalks
+    from draftwise.runtime.union_walks import UnionWalks
 
     import numpy as np
 
@@ -324,7 +324,7 @@ def test_union_walks_record_owners_continue_into_later_tokens_and_serve_their_so
     assert walks.expected(depths, present=0b11)[1] == 0.25  # a round without the heads says nothing of theirs
     expected, weight = walks.expected(np.array([[2, 0]]), present=0b01)
     assert weight == 1.25 and expected[0] == pytest.approx((0.25 * 2 + 1.0 * 2) / 1.25)
-    from draftwise.union_walks import MAX_WALKS
+    from draftwise.runtime.union_walks import MAX_WALKS
 
     for _ in range(MAX_WALKS + 2):
         walks.observe(offered, masks, [5])  # rounds whose proposals all missed

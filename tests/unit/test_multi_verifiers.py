@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from draftwise.contracts import (
+from draftwise.runtime.contracts import (
     ContractError,
     ProbabilitySemantics,
     ProposalNode,
@@ -15,7 +15,7 @@ from draftwise.contracts import (
     TopologyKind,
 )
 from draftwise.oracles.multi_candidate import enumerate_outcomes
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.topology.compile import compile_round
 from draftwise.verify.base import IncompatibleVerifier, NumpyLogits, bind
 from draftwise.verify.greedy import GreedyVerifier

@@ -5,8 +5,8 @@ import itertools
 
 import pytest
 
-from draftwise.contracts import ProbabilitySemantics as S, ProposerContract, SamplingRelation as R, TopologyKind as T
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.contracts import ProbabilitySemantics as S, ProposerContract, SamplingRelation as R, TopologyKind as T
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.verify.base import IncompatibleVerifier, bind
 from draftwise.verify.registry import VERIFIERS, auto_verifier_name
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from draftwise import oracles
-from draftwise.contracts import SamplingRelation
+from draftwise.runtime.contracts import SamplingRelation
 from draftwise.oracles import registry
 from draftwise.oracles.multi_candidate import (
     PAPER_P,

@@ -3,8 +3,8 @@ an EOS accepted from a proposal, the gate, and the time prediction's arithmetic.
 
 import pytest
 
-from draftwise.gate import CostGateConfig
-from draftwise.cost_profile import VerifyCostProfile
+from draftwise.runtime.gate import CostGateConfig
+from draftwise.runtime.cost_profile import VerifyCostProfile
 from draftwise.optimize.replay import ReplayedRound, Trace, predicted_seconds, replay, trace_from_records
 from draftwise.proposers.prompt_lookup import PromptLookupProposer
 from draftwise.topology.compile import TreeLimits
@@ -85,7 +85,7 @@ def test_auto_skips_candidates_a_trace_cannot_replay_and_says_why_when_nothing_f
     from draftwise.runtime.round import GenerationConfig
 
     from draftwise.optimize.auto_proposer import auto_preflight, candidate_specs
-    from draftwise.sampling import SamplingPolicy
+    from draftwise.runtime.sampling import SamplingPolicy
     from tests.helpers import make_spec
 
     sampling = GenerationConfig(policy=SamplingPolicy(temperature=0.8), exact=False)

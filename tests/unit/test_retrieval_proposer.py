@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from draftwise.contracts import ProbabilitySemantics, SamplingRelation, TopologyKind
+from draftwise.runtime.contracts import ProbabilitySemantics, SamplingRelation, TopologyKind
 from draftwise.proposers.retrieval import RestProposer, TokenizerMismatch, build_from_token_documents
 from draftwise.proposers.retrieval.index import RestIndex
 from draftwise.proposers.retrieval.query import QueryConfig

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from draftwise.errors import InputError
-from draftwise.sampling import PolicyError, PositionDraws, SamplingPolicy, sample, sample_with
+from draftwise.runtime.sampling import PolicyError, PositionDraws, SamplingPolicy, sample, sample_with
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -8,7 +8,7 @@ import pytest
 
 from draftwise.artifacts import ArtifactError, read_manifest, write_manifest
 from draftwise.optimize.acceptance import AcceptanceProfile, selected_child_probs
-from draftwise.cost_profile import VerifyCostProfile
+from draftwise.runtime.cost_profile import VerifyCostProfile
 from draftwise.optimize.select import (FLAT_DRAFT_MODEL, PROFILED_DRAFT_MODEL, draft_round_steps, load_tree_artifact,
                                        optimize_tree, save_tree_artifact)
 from draftwise.optimize.sequoia_dp import solve

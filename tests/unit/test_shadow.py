@@ -1,4 +1,4 @@
-"""Shadow proposals (`draftwise.shadow`): the accepted length read off published tokens is the
+"""Shadow proposals (`draftwise.runtime.shadow`): the accepted length read off published tokens is the
 one the greedy and membership verifiers select, and shadows keep within their time budget."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from draftwise.sampling import SamplingPolicy
-from draftwise.shadow import ShadowOutcome, ShadowRounds, accepted_along
+from draftwise.runtime.sampling import SamplingPolicy
+from draftwise.runtime.shadow import ShadowOutcome, ShadowRounds, accepted_along
 from draftwise.topology.compile import compile_round
 from draftwise.verify.base import NumpyLogits
 from draftwise.verify.greedy import GreedyVerifier
@@ -113,10 +113,10 @@ def test_a_shadow_is_priced_by_its_own_rows_on_the_profile():
     an empty proposal a plain round, a long one what its rows cost where rows are dear; in a batch
     of B, every request's proposal and t_B.  Without one, an empty proposal costs a plain round
     and its proposals, and a proposal with rows the arm's mean (None)."""
-    from draftwise.batch_control import Arm, DoNoHarm, DoNoHarmConfig
-    from draftwise.cost_profile import BatchCostProfile, VerifyCostProfile
+    from draftwise.runtime.guard import Arm, DoNoHarm, DoNoHarmConfig
+    from draftwise.runtime.cost_profile import BatchCostProfile, VerifyCostProfile
     from draftwise.runtime.strategy import RoundStrategy
-    from draftwise.shadow import ShadowOutcome
+    from draftwise.runtime.shadow import ShadowOutcome
 
     harm = DoNoHarm(DoNoHarmConfig(warmup=1))
     profile = VerifyCostProfile(rows=(1, 4, 11), relative=(1.0, 1.5, 2.5), absolute_s=None, model="m", backend="b",

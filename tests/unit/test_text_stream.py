@@ -2,7 +2,7 @@
 
 import io
 
-from draftwise.text_stream import TextStream
+from draftwise.runtime.text_stream import TextStream
 
 EOS = 0
 

@@ -14,7 +14,7 @@ from scipy.stats import chisquare
 
 from draftwise.backends.torch_probs import policy_probs
 from draftwise.backends.transformers import TorchLogits
-from draftwise.contracts import (
+from draftwise.runtime.contracts import (
     ContractError,
     ProbabilitySemantics,
     ProposalNode,
@@ -23,7 +23,7 @@ from draftwise.contracts import (
     SamplingRelation,
     TopologyKind,
 )
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.topology.compile import compile_round
 from draftwise.verify.base import NumpyLogits
 from draftwise.verify.greedy import GreedyVerifier

@@ -11,7 +11,7 @@ from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.optimize.replay import Trace, replay
 from draftwise.optimize.trace_backend import LeftTheTrace, TraceBackend
 from draftwise.proposers.prompt_lookup import PromptLookupProposer
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.topology.compile import TreeLimits, compile_round
 from draftwise.verify.base import Selection, VerifierCapabilities
 from draftwise.verify.greedy import GreedyVerifier

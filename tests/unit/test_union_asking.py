@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from draftwise.cost_profile import VerifyCostProfile
+from draftwise.runtime.cost_profile import VerifyCostProfile
 from draftwise.runtime.round import GenerationConfig
 from draftwise.runtime.decoder import SpeculativeDecoder
-from draftwise.gate import CostGateConfig, SourceGate, gate_round
+from draftwise.runtime.gate import CostGateConfig, SourceGate, gate_round
 from draftwise.optimize.trace_backend import TraceBackend
 from draftwise.topology.compile import TreeLimits, compile_round
 from draftwise.verify.greedy import GreedyVerifier

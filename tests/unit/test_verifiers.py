@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from draftwise.contracts import ProbabilitySemantics, ProposalNode, ProposalResult, ProposerContract, SamplingRelation, TopologyKind
+from draftwise.runtime.contracts import ProbabilitySemantics, ProposalNode, ProposalResult, ProposerContract, SamplingRelation, TopologyKind
 from draftwise.backends.transformers import TorchLogits
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.topology.compile import compile_round
 from draftwise.verify.base import NumpyLogits
 from draftwise.verify.greedy import GreedyVerifier

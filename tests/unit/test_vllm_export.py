@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from draftwise.cost_profile import BatchCostProfile, VerifyCostProfile
+from draftwise.runtime.cost_profile import BatchCostProfile, VerifyCostProfile
 from draftwise.vllm.exported import load_exported_method
 from draftwise.vllm.export import (ExportConfig, Workload, plan_export, speculative_config,
                                    verify_rows, write_export)

@@ -138,7 +138,7 @@ def test_profiling_methods_and_requests():
 
 
 def test_bench_executor_turns_and_batches_from_a_session():
-    from draftwise.vllm.bench_executor import VllmExecutor
+    from draftwise.bench.vllm_executor import VllmExecutor
     from draftwise.vllm.session import SessionReply
 
     asked = []

@@ -19,7 +19,7 @@ import numpy as np
 
 from draftwise.errors import BackendError
 from draftwise.topology.compile import CompiledRound
-from draftwise.logits import TargetLogits
+from draftwise.runtime.logits import TargetLogits
 
 
 class ContextOverflow(BackendError):

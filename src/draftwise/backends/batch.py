@@ -26,7 +26,7 @@ import numpy as np
 
 from draftwise.backends.base import Backend, BackendInfo, TokenWeights
 from draftwise.errors import BackendError
-from draftwise.logits import TargetLogits
+from draftwise.runtime.logits import TargetLogits
 from draftwise.topology.compile import CompiledRound
 
 

@@ -69,10 +69,10 @@ from draftwise.backends.base import (
 from draftwise.backends.llamacpp_batch import NumpyBatch
 from draftwise.backends.llamacpp_text import detokenize, model_meta, render_chat, tokenize, vocab_texts
 from draftwise.backends.base import tokenizer_fingerprint
-from draftwise.text import check_messages
+from draftwise.runtime.text import check_messages
 from draftwise.models import ResolvedModel
 from draftwise.topology.compile import CompiledRound
-from draftwise.logits import NumpyLogits
+from draftwise.runtime.logits import NumpyLogits
 
 _KV_TYPE = llama_cpp.GGML_TYPE_F16  # K and V cache type, fixed so kv_bytes can be computed exactly
 _KV_TYPE_BYTES = 2

@@ -71,7 +71,7 @@ from draftwise.backends.llamacpp import (
     tree_membership,
 )
 from draftwise.backends.llamacpp_batch import NumpyBatch
-from draftwise.logits import NumpyLogits
+from draftwise.runtime.logits import NumpyLogits
 from draftwise.models import ResolvedModel
 from draftwise.topology.compile import CompiledRound
 

@@ -18,7 +18,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from draftwise.text import utf8_bytes
+from draftwise.runtime.text import utf8_bytes
 
 
 
@@ -29,7 +29,7 @@ def vocab_texts(vocab, n_vocab: int) -> list[str]:
 
 
 def tokenize(vocab, text: str, add_special: bool) -> list[int]:
-    data = utf8_bytes(text)  # text that is not valid UTF-8 is refused by name (draftwise.text)
+    data = utf8_bytes(text)  # text that is not valid UTF-8 is refused by name (draftwise.runtime.text)
     size = len(data) + 8
     for _ in range(2):
         buf = (llama_cpp.llama_token * size)()

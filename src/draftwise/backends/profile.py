@@ -37,9 +37,9 @@ from draftwise.backends.base import Backend
 from draftwise.backends.batch import BatchBackend, VerifyCall
 from draftwise.errors import InputError
 from draftwise.timing import DEFAULT_MAX_CV
-from draftwise.contracts import ProbabilitySemantics, ProposalNode, ProposalResult, ProposerContract
-from draftwise.contracts import SamplingRelation, TopologyKind
-from draftwise.cost_profile import BatchCostProfile, VerifyCostProfile
+from draftwise.runtime.contracts import ProbabilitySemantics, ProposalNode, ProposalResult, ProposerContract
+from draftwise.runtime.contracts import SamplingRelation, TopologyKind
+from draftwise.runtime.cost_profile import BatchCostProfile, VerifyCostProfile
 from draftwise.topology.compile import CompiledRound, TreeLimits, compile_round
 
 log = logging.getLogger(__name__)  # progress lines (the CLI shows INFO)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 
 
 def policy_probs(logits: torch.Tensor, policy: SamplingPolicy) -> torch.Tensor:

@@ -29,10 +29,10 @@ from draftwise.backends.dtype import CONCRETE_DTYPES, DEFAULT_DTYPE, TorchDtype,
 from draftwise.backends.row_padding import RowPadding
 from draftwise.backends.torch_probs import policy_probs
 from draftwise.models import ResolvedModel, cache_dir
-from draftwise.sampling import SamplingPolicy
-from draftwise.text import check_messages, check_utf8
+from draftwise.runtime.sampling import SamplingPolicy
+from draftwise.runtime.text import check_messages, check_utf8
 from draftwise.topology.compile import CompiledRound
-from draftwise.logits import cached
+from draftwise.runtime.logits import cached
 
 log = logging.getLogger(__name__)  # progress lines (the CLI shows INFO)
 
@@ -371,7 +371,7 @@ class TransformersBackend:
 
     # ---- text ----------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        check_utf8(text)  # text that is not valid UTF-8 is refused by name (draftwise.text), as on llama.cpp
+        check_utf8(text)  # text that is not valid UTF-8 is refused by name (draftwise.runtime.text), as on llama.cpp
         return list(self.tokenizer(text, add_special_tokens=add_special).input_ids)
 
     def detokenize(self, tokens: Sequence[int]) -> str:

@@ -23,7 +23,7 @@ from draftwise.bench.methods import MethodSpec
 from draftwise.bench.outputs import EmitClock, TurnOutput
 from draftwise.bench.pool import ModelPool, ModelUnavailable
 from draftwise.runtime.round import GenerationConfig
-from draftwise.stats import PHASES
+from draftwise.runtime.stats import PHASES
 
 
 class Executor(Protocol):
@@ -128,7 +128,7 @@ def prepare(method: MethodSpec, pool: ModelPool, generation: GenerationConfig) -
 def _vllm_executor(method: MethodSpec, pool: ModelPool, generation: GenerationConfig) -> Executor:
     """vLLM in its own environment (.venv-vllm): one kept-loaded engine per batch size, closed
     when the run ends; ModelUnavailable where that environment is absent."""
-    from draftwise.vllm.bench_executor import VllmExecutor, VllmSessions
+    from draftwise.bench.vllm_executor import VllmExecutor, VllmSessions
     from draftwise.vllm.checkpoint import vllm_checkpoint
     from draftwise.vllm.methods import parse_method as parse_vllm
     from draftwise.vllm.runner import SETUP_HINT, VllmEnvironment

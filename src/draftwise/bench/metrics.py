@@ -9,7 +9,7 @@ Definitions (the report repeats them):
   datastore's whole proposal), plus "other" (stop checks, callbacks: wall minus the phases).
 - mean accepted = accepted draft tokens per verification step (bonus token not counted),
   pooled over every step; acceptance by depth, fallbacks and rows verified are pooled the
-  same way with `draftwise.stats.summarize`, so they mean what the engine's stats mean.
+  same way with `draftwise.runtime.stats.summarize`, so they mean what the engine's stats mean.
   fallback rate = rounds whose proposers returned nothing / all rounds.
 - first-child coverage = of the rounds whose frontier offered candidates, the share where the
   target's next token was the FIRST candidate (what a one-candidate proposer would have got);
@@ -34,7 +34,7 @@ import numpy as np
 
 from draftwise.bench.outputs import ROUND_FIELDS
 from draftwise.bench.store import Answer
-from draftwise.stats import PHASES, RoundRecord, source_summary, summarize
+from draftwise.runtime.stats import PHASES, RoundRecord, source_summary, summarize
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 import numpy as np  # noqa: E402
 
-from draftwise.stats import PHASES  # noqa: E402
+from draftwise.runtime.stats import PHASES  # noqa: E402
 
 
 def _ran(summary: dict) -> dict[str, dict]:

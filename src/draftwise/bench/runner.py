@@ -41,7 +41,7 @@ from draftwise.bench.pool import LOAD_ERRORS, ModelPool, ModelUnavailable
 from draftwise.bench.store import Answer, ResultStore, error_answer
 from draftwise.workloads import Question, Workload, messages_for, parse_workloads
 from draftwise.runtime.round import GenerationConfig
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.timing import noise_check
 
 GENERATION_ERRORS = (RuntimeError, ValueError)  # backend refusals, context overflow, torch errors

@@ -20,9 +20,9 @@ from draftwise.errors import DraftwiseError, InputError
 from draftwise.logs import progress_to
 from draftwise.options import config_help
 from draftwise.proposers.registry import DRAFTERS
-from draftwise.sampling import SamplingPolicy
-from draftwise.text import check_utf8
-from draftwise.text_stream import TextStream
+from draftwise.runtime.sampling import SamplingPolicy
+from draftwise.runtime.text import check_utf8
+from draftwise.runtime.text_stream import TextStream
 from draftwise.timing import DEFAULT_REPEATS, Comparison, interleaved, noise_check
 from draftwise.workloads import read_prompt_file
 
@@ -57,7 +57,7 @@ def generate(
         many = _requests(prompt, prompts_file, batch)
         if many is None:
             assert prompt is not None
-            check_utf8(prompt)  # before a model is loaded: the same refusal the backends give (draftwise.text)
+            check_utf8(prompt)  # before a model is loaded: the same refusal the backends give (draftwise.runtime.text)
             if not prompt:
                 raise InputError("the prompt is empty: give the text to continue (or, with --chat, the message to answer)")
         policy = SamplingPolicy(temperature=temperature, top_k=top_k, top_p=top_p)

@@ -20,7 +20,7 @@ from draftwise.api import open_decoder
 from draftwise.errors import DraftwiseError
 from draftwise.logs import progress_to
 from draftwise.optimize.calibrate import calibrated_families, calibration_spec
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.spec import DecoderSpec
 from draftwise.cli.common import dim, err, fail as _fail
 

@@ -37,9 +37,9 @@ from draftwise.optimize.calibrate import (
     calibration_spec,
     profile_from_counts,
 )
-from draftwise.cost_profile import VerifyCostProfile
+from draftwise.runtime.cost_profile import VerifyCostProfile
 from draftwise.optimize.select import TreeArtifact, load_tree_artifact, optimize_from_artifacts
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.topology.compile import COMPILER_VERSION
 
 log = logging.getLogger(__name__)  # progress lines (the CLI shows INFO)
@@ -151,7 +151,7 @@ def auto_batch_gate_profile(target: Backend, max_batch: int, max_rows: int, cach
     and cached per target, backend, dtype, threads and batch regime; returns its directory."""
     from draftwise.backends.load import open_batch
     from draftwise.backends.profile import profile_batch_verify_cost
-    from draftwise.cost_profile import BATCH_ARTIFACT_KIND, BatchCostProfile
+    from draftwise.runtime.cost_profile import BATCH_ARTIFACT_KIND, BatchCostProfile
 
     batches = batch_sizes_up_to(max_batch)
     rows = tuple(n for n in BATCH_GATE_ROWS if n < max_rows) + (max_rows,)

@@ -43,9 +43,9 @@ from draftwise.preflight import preflight
 from draftwise.errors import DraftwiseError, InputError
 from draftwise.spec import AutoDrafter, AutoGate, DecoderSpec, DrafterSpec, GateProfile, Guard, UnionDrafter
 from draftwise.runtime.round import GenerationConfig
-from draftwise.gate import CostGateConfig
+from draftwise.runtime.gate import CostGateConfig
 from draftwise.optimize.auto import AutoTreeConfig, artifact_matches, auto_gate_directory, ensure_profile, gate_rows
-from draftwise.cost_profile import VerifyCostProfile
+from draftwise.runtime.cost_profile import VerifyCostProfile
 from draftwise.optimize.replay import Trace, predicted_seconds, replay, trace_eos, trace_from_records
 from draftwise.optimize.trace_backend import HiddenTraceBackend
 from draftwise.optimize.trace_hidden import TraceHidden, ensure_hidden

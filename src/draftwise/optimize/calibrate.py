@@ -29,16 +29,16 @@ from typing import Optional, Sequence
 import numpy as np
 
 from draftwise.artifacts import stable_hash
-from draftwise.contracts import SamplingRelation
+from draftwise.runtime.contracts import SamplingRelation
 from draftwise.runtime.round import GenerationConfig
 from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.errors import InputError
 from draftwise.optimize.acceptance import AcceptanceProfile
 from draftwise.proposers.family import DrafterRegistry
 from draftwise.proposers.registry import DRAFTERS
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.spec import DecoderSpec, DrafterSpec
-from draftwise.stats import RoundRecord
+from draftwise.runtime.stats import RoundRecord
 
 log = logging.getLogger(__name__)  # progress lines (the CLI shows INFO)
 

@@ -31,7 +31,7 @@ from draftwise.optimize.kangaroo_tune import ETA_GRID, Measure, tune_kangaroo
 from draftwise.optimize.skip_search import seconds_per_token
 from draftwise.options import config_items
 from draftwise.proposers.kangaroo import AutoAdapter, AutoEta, KangarooConfig
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.selfdraft.adapter import KIND as ADAPTER_KIND, adapters_for, default_adapter
 
 log = logging.getLogger(__name__)  # progress lines (the CLI shows INFO)

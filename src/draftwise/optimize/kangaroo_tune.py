@@ -22,7 +22,7 @@ from draftwise.optimize.skip_search import seconds_per_token
 from draftwise.proposers.base import Proposer
 from draftwise.proposers.family import DrafterResources
 from draftwise.proposers.kangaroo import KangarooConfig, open_kangaroo
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 
 log = logging.getLogger(__name__)  # progress lines (the CLI shows INFO)
 

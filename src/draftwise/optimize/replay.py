@@ -32,12 +32,12 @@ from typing import Sequence
 
 from draftwise.runtime.round import GenerationConfig
 from draftwise.runtime.decoder import SpeculativeDecoder
-from draftwise.gate import CostGateConfig
-from draftwise.cost_profile import VerifyCostProfile
+from draftwise.runtime.gate import CostGateConfig
+from draftwise.runtime.cost_profile import VerifyCostProfile
 from draftwise.optimize.trace_backend import TraceBackend
 from draftwise.proposers.base import Proposer
-from draftwise.sampling import SamplingPolicy
-from draftwise.stats import RoundRecord
+from draftwise.runtime.sampling import SamplingPolicy
+from draftwise.runtime.stats import RoundRecord
 from draftwise.topology.compile import TreeLimits
 from draftwise.verify.base import Verifier
 from draftwise.verify.greedy import GreedyVerifier

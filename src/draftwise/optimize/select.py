@@ -31,7 +31,7 @@ import numpy as np
 from draftwise.errors import InputError
 from draftwise.artifacts import ArtifactError, Manifest, read_manifest, stable_hash, staged_artifact, write_manifest
 from draftwise.optimize.acceptance import AcceptanceProfile
-from draftwise.cost_profile import VerifyCostProfile
+from draftwise.runtime.cost_profile import VerifyCostProfile
 from draftwise.optimize.sequoia_dp import Paths, solve, validate_paths
 
 ARTIFACT_KIND = "tree"

@@ -30,7 +30,7 @@ from draftwise.errors import InputError
 from draftwise.options import option
 from draftwise.proposers.family import DrafterResources
 from draftwise.proposers.layer_skip import LayerSkipConfig, open_layer_skip
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.selfdraft.skipset import SkipSet, SkipTarget, save_skip
 from draftwise.verify.registry import make_verifier
 from draftwise.workloads import first_turn_prompts

@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from draftwise.backends.base import BackendError, BackendInfo, TokenWeights, check_grows, check_path
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.topology.compile import CompiledRound
 
 TRACE_BACKEND = "trace"

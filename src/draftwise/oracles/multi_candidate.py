@@ -21,7 +21,7 @@ from typing import Callable, Hashable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from draftwise.contracts import (
+from draftwise.runtime.contracts import (
     ProbabilitySemantics,
     ProposalNode,
     ProposalResult,
@@ -30,10 +30,10 @@ from draftwise.contracts import (
     TopologyKind,
 )
 from draftwise.oracles.registry import OracleResult, register
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.topology.compile import CompiledRound, TreeLimits, compile_round
 from draftwise.topology.templates import Template, max_depth, slots_by_parent
-from draftwise.logits import NumpyLogits, TargetLogits
+from draftwise.runtime.logits import NumpyLogits, TargetLogits
 from draftwise.verify.base import Selection
 from draftwise.verify.rejection import accept_probability, residual
 from draftwise.verify.sequoia import SequoiaVerifier, without_replacement_q

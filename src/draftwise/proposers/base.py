@@ -21,8 +21,8 @@ from typing import Any, Generator, Hashable, Protocol, Sequence, runtime_checkab
 
 import numpy as np
 
-from draftwise.contracts import ProposalResult, ProposerContract
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.contracts import ProposalResult, ProposerContract
+from draftwise.runtime.sampling import SamplingPolicy
 
 
 @dataclass(frozen=True, eq=False)

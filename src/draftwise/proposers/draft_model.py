@@ -30,7 +30,7 @@ import numpy as np
 
 from draftwise.backends.base import Backend
 from draftwise.backends.batch import DraftCall, DraftSlot, Extend, GrowRound, VerifyCall, draft_alone
-from draftwise.contracts import (
+from draftwise.runtime.contracts import (
     ProbabilitySemantics,
     ProposalNode,
     ProposalResult,
@@ -41,10 +41,10 @@ from draftwise.contracts import (
 from draftwise.errors import ContractError
 from draftwise.errors import InputError
 from draftwise.options import option
-from draftwise.logits import TargetLogits
+from draftwise.runtime.logits import TargetLogits
 from draftwise.proposers.base import DraftRequest, Drafter, RoundFeedback, propose_alone
 from draftwise.proposers.family import CandidateShape, DrafterFamily, DrafterResources
-from draftwise.sampling import SamplingPolicy, sample
+from draftwise.runtime.sampling import SamplingPolicy, sample
 from draftwise.topology.compile import TreeLimits, compile_round
 from draftwise.topology.tree_spec import TreeSpec, TreeTemplate, parse_tree, resolved_template, show_tree
 from draftwise.topology.templates import Template, cartesian, max_depth, max_depth as max_depth_of, num_children, slots_by_parent

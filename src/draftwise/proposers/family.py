@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generic, Iterable, Protocol, TypeVar
 
 from draftwise.backends.base import Backend
-from draftwise.contracts import ProposerContract, SamplingRelation
+from draftwise.runtime.contracts import ProposerContract, SamplingRelation
 from draftwise.errors import InputError
 from draftwise.proposers.base import Proposer
 

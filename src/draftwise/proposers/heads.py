@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from draftwise.backends.base import Backend, supports_context_hidden, supports_hidden
-from draftwise.contracts import (
+from draftwise.runtime.contracts import (
     ProbabilitySemantics,
     ProposalNode,
     ProposalResult,
@@ -52,7 +52,7 @@ from draftwise.options import option
 from draftwise.proposers.base import DraftRequest, RoundFeedback, propose_alone
 from draftwise.proposers.family import CandidateShape, DrafterFamily, DrafterResources
 from draftwise.proposers.prefix_state import PrefixState
-from draftwise.sampling import SamplingPolicy, sample
+from draftwise.runtime.sampling import SamplingPolicy, sample
 from draftwise.topology.templates import Template, chain, comb, max_depth, num_children, slots_by_parent
 from draftwise.topology.tree_spec import AutoTree, TreeSpec, TreeTemplate, parse_tree, resolved_template, show_tree
 from draftwise.verify.sequoia import without_replacement_q
@@ -186,7 +186,7 @@ class HeadForward:
 class HeadsProposer:
     phase = "propose"
     # propose reads the context and the target's committed state only: a proposal never verified
-    # leaves nothing to undo, so the guard may ask for one in a plain round (`draftwise.shadow`)
+    # leaves nothing to undo, so the guard may ask for one in a plain round (`draftwise.runtime.shadow`)
     proposes_without_state = True
 
     def __init__(self, name: str, target: Backend, heads: HeadSet, config: HeadsConfig) -> None:

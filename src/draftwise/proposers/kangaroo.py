@@ -21,7 +21,7 @@ from typing import Any, Generator, Sequence
 
 from draftwise.backends.base import Backend
 from draftwise.backends.transformers import TransformersBackend
-from draftwise.contracts import ProposalResult, ProposerContract, SamplingRelation
+from draftwise.runtime.contracts import ProposalResult, ProposerContract, SamplingRelation
 from draftwise.errors import BackendError, InputError
 from draftwise.options import option
 from draftwise.proposers.base import DraftRequest

@@ -19,13 +19,13 @@ from typing import Any, Generator, Sequence
 import numpy as np
 
 from draftwise.backends.base import Backend
-from draftwise.contracts import ProposalResult, ProposerContract, SamplingRelation
+from draftwise.runtime.contracts import ProposalResult, ProposerContract, SamplingRelation
 from draftwise.errors import BackendError, InputError
 from draftwise.options import option
 from draftwise.proposers.base import DraftRequest, RoundFeedback, propose_alone
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer, config_contract, config_shape
 from draftwise.proposers.family import CandidateShape, DrafterFamily, DrafterResources
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.topology.tree_spec import TreeSpec, TreeTemplate, parse_tree, show_tree
 
 MAX_GAMMA = 0.999  # a threshold of 1 would stop after every token; the draft-model config refuses it

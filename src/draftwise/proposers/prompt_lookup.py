@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from draftwise.contracts import (
+from draftwise.runtime.contracts import (
     ProbabilitySemantics,
     ProposalNode,
     ProposalResult,
@@ -26,7 +26,7 @@ from draftwise.errors import InputError
 from draftwise.options import option
 from draftwise.proposers.base import RoundFeedback
 from draftwise.proposers.family import CandidateShape, DrafterFamily
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class PromptLookupProposer:
     name = "prompt-lookup"
     phase = "propose"
     # propose reads the context and the target's committed state only: a proposal never verified
-    # leaves nothing to undo, so the guard may ask for one in a plain round (`draftwise.shadow`)
+    # leaves nothing to undo, so the guard may ask for one in a plain round (`draftwise.runtime.shadow`)
     proposes_without_state = True
 
     def __init__(self, config: PromptLookupConfig = PromptLookupConfig()) -> None:

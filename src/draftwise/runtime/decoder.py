@@ -13,10 +13,10 @@ from typing import Callable, Generator, Sequence
 
 from draftwise.backends.base import Backend, BackendInfo
 from draftwise.backends.batch import VerifyCall
-from draftwise.batch_control import DoNoHarm
-from draftwise.cost_profile import BatchCostProfile
+from draftwise.runtime.guard import DoNoHarm
+from draftwise.runtime.cost_profile import BatchCostProfile
 from draftwise.errors import BackendError
-from draftwise.logits import TargetLogits
+from draftwise.runtime.logits import TargetLogits
 from draftwise.proposers.base import Proposer
 from draftwise.runtime.engine import Engine, Failed, Finished, Tokens
 from draftwise.runtime.round import GenerationConfig, GenerationResult, RequestRounds

@@ -25,12 +25,12 @@ import numpy as np
 from draftwise.backends.base import Backend
 from draftwise.backends.batch import BatchBackend, SlotView, VerifyCall, slot_view
 from draftwise.errors import InputError
-from draftwise.logits import TargetLogits
+from draftwise.runtime.logits import TargetLogits
 from draftwise.proposers.base import DraftRequest, answer_alone
 from draftwise.runtime.round import (Ask, GenerationConfig, GenerationResult, Published, RequestRounds, Step,
                                      Verified, VerifyRequest)
 from draftwise.runtime.strategy import RoundStrategy
-from draftwise.shadow import ShadowOutcome
+from draftwise.runtime.shadow import ShadowOutcome
 
 # (the slot a request runs on, its generation config) -> its decoder
 DecoderFactory = Callable[[Backend, GenerationConfig], RequestRounds]

@@ -20,16 +20,16 @@ from typing import Any, Callable, Generator, Sequence
 import numpy as np
 
 from draftwise.backends.base import Backend, check_fits, supports_hidden
-from draftwise.batch_control import Arm, DoNoHarmConfig
-from draftwise.contracts import ProposalResult, RoundManifest, TopologyKind
+from draftwise.runtime.guard import Arm, DoNoHarmConfig
+from draftwise.runtime.contracts import ProposalResult, RoundManifest, TopologyKind
 from draftwise.errors import ContractError, InputError
-from draftwise.gate import CostGate, CostGateConfig, SourceGate, check_gateable, gate_round, make_gate
-from draftwise.logits import TargetLogits
+from draftwise.runtime.gate import CostGate, CostGateConfig, SourceGate, check_gateable, gate_round, make_gate
+from draftwise.runtime.logits import TargetLogits
 from draftwise.proposers.base import DraftRequest, HoldsResources, Proposer, RoundFeedback, SteppedProposer
-from draftwise.sampling import PositionDraws, SamplingPolicy
-from draftwise.shadow import ShadowOutcome, ShadowRounds
-from draftwise.stats import GenerationStats, RoundRecord, summarize
-from draftwise.text import check_utf8
+from draftwise.runtime.sampling import PositionDraws, SamplingPolicy
+from draftwise.runtime.shadow import ShadowOutcome, ShadowRounds
+from draftwise.runtime.stats import GenerationStats, RoundRecord, summarize
+from draftwise.runtime.text import check_utf8
 from draftwise.topology.compile import COMPILER_VERSION, CompiledRound, TreeLimits, compile_round, cut_to_depth
 from draftwise.verify.base import Verifier, bind
 
@@ -252,7 +252,7 @@ class RequestRounds:
 
     @property
     def shadowable(self) -> bool:
-        """Whether plain rounds can carry shadow proposals (`draftwise.shadow`): every proposer
+        """Whether plain rounds can carry shadow proposals (`draftwise.runtime.shadow`): every proposer
         proposes from the context and the target's committed state alone, and the verifier
         accepts exactly the rows whose tokens the target publishes."""
         return bool(self.proposers) and self.verifier.capabilities.any_candidates and all(

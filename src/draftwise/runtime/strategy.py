@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from draftwise.batch_control import Arm, DoNoHarm
-from draftwise.cost_profile import BatchCostProfile, VerifyCostProfile
-from draftwise.gate import rows_within_depths
+from draftwise.runtime.guard import Arm, DoNoHarm
+from draftwise.runtime.cost_profile import BatchCostProfile, VerifyCostProfile
+from draftwise.runtime.gate import rows_within_depths
 from draftwise.runtime.round import Ask, Orders, VerifyRequest
-from draftwise.shadow import ShadowOutcome, round_price
+from draftwise.runtime.shadow import ShadowOutcome, round_price
 from draftwise.topology.compile import CompiledRound, cut_to_depth
 
 

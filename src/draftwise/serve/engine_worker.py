@@ -24,13 +24,13 @@ from draftwise.backends.base import Backend, check_fits
 from draftwise.runtime.engine import Engine, Event, Finished, Tokens
 from draftwise.runtime.round import GenerationConfig, GenerationResult
 from draftwise.errors import BackendError, DraftwiseError
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.serve.config import ServeConfig
 from draftwise.serve.errors import ApiError, bad_request
 from draftwise.serve.metrics import ServeMetrics
 from draftwise.serve.schema import CompletionRequest
 from draftwise.serve.stops import StopText
-from draftwise.text_stream import TextPieces
+from draftwise.runtime.text_stream import TextPieces
 
 log = logging.getLogger("draftwise.serve")
 

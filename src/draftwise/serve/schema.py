@@ -17,7 +17,7 @@ from typing import Any, Mapping
 from draftwise.errors import InputError
 from draftwise.serve.config import ServeConfig
 from draftwise.serve.errors import ApiError, bad_request
-from draftwise.text import check_utf8
+from draftwise.runtime.text import check_utf8
 
 ROLES = ("system", "user", "assistant")
 # OpenAI fields draftwise does not implement, with the value that means "not used"; any other value is refused

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from draftwise.contracts import ProbabilitySemantics, ProposalResult
+from draftwise.runtime.contracts import ProbabilitySemantics, ProposalResult
 from draftwise.errors import ContractError, InputError
 
 COMPILER_VERSION = "2"  # 2: the node budget counts nodes, merged ones included (1 counted rows)

@@ -11,10 +11,10 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from draftwise.contracts import ProbabilitySemantics, ProposerContract, SamplingRelation, TopologyKind
+from draftwise.runtime.contracts import ProbabilitySemantics, ProposerContract, SamplingRelation, TopologyKind
 from draftwise.errors import ContractError
-from draftwise.logits import NumpyLogits, TargetLogits, cached  # noqa: F401  (re-exported: the verifiers' inputs)
-from draftwise.sampling import PositionDraws, SamplingPolicy
+from draftwise.runtime.logits import NumpyLogits, TargetLogits, cached  # noqa: F401  (re-exported: the verifiers' inputs)
+from draftwise.runtime.sampling import PositionDraws, SamplingPolicy
 from draftwise.topology.compile import CompiledRound
 
 ALL_SEMANTICS = frozenset(ProbabilitySemantics)

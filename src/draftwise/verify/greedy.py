@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from draftwise.sampling import PositionDraws, SamplingPolicy
+from draftwise.runtime.sampling import PositionDraws, SamplingPolicy
 from draftwise.topology.compile import CompiledRound
-from draftwise.logits import TargetLogits
+from draftwise.runtime.logits import TargetLogits
 from draftwise.verify.base import ALL_RELATIONS, ALL_SEMANTICS, ALL_TOPOLOGIES, Selection, VerifierCapabilities, child_with_token
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from draftwise.contracts import TopologyKind
-from draftwise.sampling import PositionDraws, SamplingPolicy, sample, sample_with
+from draftwise.runtime.contracts import TopologyKind
+from draftwise.runtime.sampling import PositionDraws, SamplingPolicy, sample, sample_with
 from draftwise.topology.compile import CompiledRound
-from draftwise.logits import TargetLogits
+from draftwise.runtime.logits import TargetLogits
 from draftwise.verify.base import ALL_RELATIONS, ALL_SEMANTICS, Selection, VerifierCapabilities, child_with_token
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from draftwise.contracts import ProbabilitySemantics, ProposerContract, SamplingRelation, TopologyKind
+from draftwise.runtime.contracts import ProbabilitySemantics, ProposerContract, SamplingRelation, TopologyKind
 from draftwise.errors import InputError
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.verify.base import Verifier
 from draftwise.verify.greedy import GreedyVerifier
 from draftwise.verify.membership import MembershipVerifier

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from draftwise.contracts import ProbabilitySemantics, SamplingRelation, TopologyKind
+from draftwise.runtime.contracts import ProbabilitySemantics, SamplingRelation, TopologyKind
 from draftwise.errors import ContractError
-from draftwise.sampling import PositionDraws, SamplingPolicy, sample
+from draftwise.runtime.sampling import PositionDraws, SamplingPolicy, sample
 from draftwise.topology.compile import CompiledRound
-from draftwise.logits import TargetLogits
+from draftwise.runtime.logits import TargetLogits
 from draftwise.verify.base import Selection, VerifierCapabilities
 
 

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from draftwise.contracts import ProbabilitySemantics, SamplingRelation, TopologyKind
+from draftwise.runtime.contracts import ProbabilitySemantics, SamplingRelation, TopologyKind
 from draftwise.errors import ContractError
 from draftwise.verify.base import VerifierCapabilities
 from draftwise.verify.rejection import accept_probability, residual

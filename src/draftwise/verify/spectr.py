@@ -21,11 +21,11 @@ from typing import Sequence
 
 import numpy as np
 
-from draftwise.contracts import ProbabilitySemantics, SamplingRelation, TopologyKind
+from draftwise.runtime.contracts import ProbabilitySemantics, SamplingRelation, TopologyKind
 from draftwise.errors import ContractError
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.topology.compile import CompiledRound
-from draftwise.logits import TargetLogits
+from draftwise.runtime.logits import TargetLogits
 from draftwise.verify.base import Selection, VerifierCapabilities
 from draftwise.verify.specinfer import NodeDecision, Pick, ResidualTreeVerifier
 

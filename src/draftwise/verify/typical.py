@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from draftwise.contracts import TopologyKind
-from draftwise.sampling import PositionDraws, SamplingPolicy, sample
+from draftwise.runtime.contracts import TopologyKind
+from draftwise.runtime.sampling import PositionDraws, SamplingPolicy, sample
 from draftwise.topology.compile import CompiledRound
-from draftwise.logits import TargetLogits
+from draftwise.runtime.logits import TargetLogits
 from draftwise.verify.base import ALL_RELATIONS, ALL_SEMANTICS, Selection, VerifierCapabilities
 
 

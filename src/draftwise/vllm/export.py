@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from draftwise.artifacts import staged_artifact, write_manifest
 from draftwise.backends.dtype import CONCRETE_DTYPES, TorchDtype, check_dtype
-from draftwise.cost_profile import BatchCostProfile
+from draftwise.runtime.cost_profile import BatchCostProfile
 from draftwise.errors import InputError
 from draftwise.vllm.exported import ARTIFACT_KIND, CONFIG_FILE, CUSTOM_FILE, load_exported_method
 from draftwise.vllm.methods import CUSTOM_CLASS, PROPOSER_ENV, CustomDrafterConfig, parse_method

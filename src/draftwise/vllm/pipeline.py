@@ -7,7 +7,7 @@ from pathlib import Path
 
 from draftwise.api import Decoder, open_decoder
 from draftwise.artifacts import read_manifest, stable_hash
-from draftwise.cost_profile import BATCH_ARTIFACT_KIND, BatchCostProfile
+from draftwise.runtime.cost_profile import BATCH_ARTIFACT_KIND, BatchCostProfile
 from draftwise.runtime.round import GenerationConfig
 from draftwise.optimize.auto import artifact_matches, auto_batch_gate_profile
 from draftwise.optimize.calibrate import calibration_hash

@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from draftwise.cost_profile import BatchCostProfile, VerifyCostProfile
+from draftwise.runtime.cost_profile import BatchCostProfile, VerifyCostProfile
 from draftwise.proposers.prompt_lookup import PromptLookupConfig, find_continuations
 
 

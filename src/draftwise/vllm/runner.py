@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from draftwise.cost_profile import BatchCostProfile, VerifyCostProfile
+from draftwise.runtime.cost_profile import BatchCostProfile, VerifyCostProfile
 from draftwise.errors import BackendError
 from draftwise.vllm.protocol import BatchResult, ProfileRequest, WorkerRequest
 

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from draftwise.contracts import (
+from draftwise.runtime.contracts import (
     ProbabilitySemantics,
     ProposalNode,
     ProposalResult,
@@ -67,7 +67,7 @@ class RestProposer:
     contract = CONTRACT
     phase = "retrieval"  # suffix search, trie and pruning: the ledger's retrieval time
     # a lookup in a fixed datastore: a proposal never verified leaves nothing to undo, so the guard
-    # may ask for one in a plain round (`draftwise.shadow`); its latency stats count it
+    # may ask for one in a plain round (`draftwise.runtime.shadow`); its latency stats count it
     proposes_without_state = True
 
     def __init__(

@@ -19,9 +19,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from draftwise.errors import InputError
-from draftwise.cost_profile import BatchCostProfile, VerifyCostProfile
+from draftwise.runtime.cost_profile import BatchCostProfile, VerifyCostProfile
 from draftwise.topology.compile import CompiledRound, cut_to_depth, keep_rows
-from draftwise.union_walks import UnionWalks, proposing
+from draftwise.runtime.union_walks import UnionWalks, proposing
 from draftwise.verify.base import IncompatibleVerifier, VerifierCapabilities, child_with_token
 
 

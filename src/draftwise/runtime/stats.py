@@ -34,7 +34,7 @@ class RoundRecord:
     # the proposers' own split of their phase (a head stage per level): inside `seconds`, not added to it
     detail: dict[str, float] = field(default_factory=dict)
     guard_plain: bool = False  # the do-no-harm guard made this round a plain step (nothing verified)
-    shadowed: bool = False  # that plain step carried a shadow proposal (`draftwise.shadow`): proposed, never verified
+    shadowed: bool = False  # that plain step carried a shadow proposal (`draftwise.runtime.shadow`): proposed, never verified
     # per proposer, in the engine's order: (its name, verified rows it proposed, accepted rows it
     # proposed); a row two sources proposed (merged by full prefix) counts for both
     by_source: tuple[tuple[str, int, int], ...] = ()

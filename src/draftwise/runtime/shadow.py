@@ -1,6 +1,6 @@
 """Shadow proposals: what a speculative round would have committed, read off plain rounds.
 
-While the do-no-harm guard (`draftwise.batch_control`) plays plain steps, a proposer that reads
+While the do-no-harm guard (`draftwise.runtime.guard`) plays plain steps, a proposer that reads
 only the context and the target's committed state (`proposes_without_state`) may still propose.
 Under a verifier that accepts a row exactly when its token is the one the target publishes there
 (greedy, target-sample membership), plain decoding publishes the very tokens a speculative round
@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from draftwise.cost_profile import VerifyCostProfile
+from draftwise.runtime.cost_profile import VerifyCostProfile
 from draftwise.topology.compile import CompiledRound
 from draftwise.verify.base import child_with_token
 

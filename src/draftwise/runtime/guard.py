@@ -43,7 +43,7 @@ class DoNoHarmConfig:
     # weight of an arm's past per round of the OTHER arm: how fast what it did becomes stale
     stale: float = 0.99
     explore_rounds: int = 1  # consecutive rounds of the other arm per exploration
-    # share of a plain round's time its shadow proposal may take (`draftwise.shadow`): a cheap
+    # share of a plain round's time its shadow proposal may take (`draftwise.runtime.shadow`): a cheap
     # proposer (prompt lookup) shadows every round, a costly one (draft heads) every few rounds
     shadow_budget: float = 0.02
     # in a batch (B > 1), SPECULATE is chosen only where its rounds measured this much faster than
@@ -244,7 +244,7 @@ class DoNoHarm:
         return state is not None and not state.warming(self.config.warmup) and state.choice is Arm.SPECULATE
 
     def shadow(self, batch: int, committed: Sequence[int], seconds: float | None = None) -> bool:
-        """Shadow rounds (`draftwise.shadow`): speculative rounds of single requests at this point
+        """Shadow rounds (`draftwise.runtime.shadow`): speculative rounds of single requests at this point
         would have committed `committed` tokens each.  Counted as a SPECULATE round of the batch
         (each request committing their mean, `len(committed) / batch` rounds' worth of
         evidence), taking `seconds` (its price from the verify profile, which the caller knows), else

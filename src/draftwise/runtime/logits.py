@@ -8,7 +8,7 @@ from typing import Callable, Hashable, Protocol, TypeVar
 
 import numpy as np
 
-from draftwise.sampling import SamplingPolicy
+from draftwise.runtime.sampling import SamplingPolicy
 
 K = TypeVar("K", bound=Hashable)
 
