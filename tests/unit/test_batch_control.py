@@ -295,16 +295,18 @@ def test_in_a_batch_speculation_must_win_by_the_margin_and_alone_it_need_not():
 
 
 def test_a_next_request_starts_where_the_last_left_off_without_warm_up():
-    """`DoNoHarm.after`: the choice the last request ended on, both arms' estimates carried as
-    `warmup` rounds' worth of evidence, no warm-up rounds; plain chosen reads the prompt without
+    """`DoNoHarm.carry_alone` (a request joining an empty engine): the choice the last request
+    ended on, both arms' estimates carried as `warmup` rounds' worth of evidence, no warm-up rounds; plain chosen reads the prompt without
     candidates.  A previous controller still warming up gives a fresh one."""
     config = DoNoHarmConfig()
     previous = DoNoHarm(config)
     settle_on_plain(previous)
     previous.shadow(1, [1])  # its plain rounds carried shadows
-    following = DoNoHarm.after(previous, config)
+    before = previous.estimates(1)
+    following = previous
+    following.carry_alone()
     assert following.prompt_arm(1) is Arm.PLAIN
-    assert following.estimates(1) == pytest.approx(previous.estimates(1))
+    assert following.estimates(1) == pytest.approx(before)
     rates = following._states[1].rates
     assert all(rate.weight == pytest.approx(config.warmup) for rate in rates.values())
     # shadows again (the same proposers): plain is played with no warm-up and no exploration
@@ -317,7 +319,9 @@ def test_a_next_request_starts_where_the_last_left_off_without_warm_up():
     assert following.chosen(1) is Arm.SPECULATE
     warming = DoNoHarm(config)
     warming.observe(1, Arm.SPECULATE, 1, 1.0, False)
-    for fresh in (DoNoHarm.after(warming, config), DoNoHarm.after(None, config)):
+    never = DoNoHarm(config)
+    for fresh in (warming, never):
+        fresh.carry_alone()
         assert fresh.prompt_arm(1) is Arm.SPECULATE and fresh.play(1) == (Arm.SPECULATE, False)
         assert fresh._states[1].warming(config.warmup)
 

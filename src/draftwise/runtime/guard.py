@@ -165,24 +165,8 @@ class DoNoHarm:
     ledger: list[ArmRound] = field(default_factory=list)
     _states: dict[int, _BatchState] = field(default_factory=dict)
 
-    @classmethod
-    def after(cls, previous: "DoNoHarm | None", config: DoNoHarmConfig) -> "DoNoHarm":
-        """A controller for a decoder's next request alone, starting where `previous` (its last
-        request's) left off: the choice it ended on and both arms' estimates, carried as `warmup`
-        rounds' worth of evidence, so no warm-up rounds are played (and, where plain was chosen,
-        the prompt is read without candidates, `prompt_arm`).  The new text's own rounds outweigh
-        the carried ones within a few rounds; the next exploration comes after `explore_every`.
-        Fresh (warm-up first) where `previous` had not measured both arms."""
-        harm = cls(config)
-        if previous is None:
-            return harm
-        state = previous._states.get(1)
-        if state is not None and not state.warming(previous.config.warmup):
-            harm._states[1] = state.carried(config)
-        return harm
-
     def carry_alone(self) -> None:
-        """A request starts alone on an engine that held none: its text is new.  As `after`: the
+        """A request starts alone on an engine that held none: its text is new.  The
         batch-1 choice and both arms' estimates carry over as `warmup` rounds' worth of evidence
         (no warm-up rounds, the next exploration after `explore_every`); fresh (warm-up first)
         where both arms had not been measured."""
@@ -197,7 +181,7 @@ class DoNoHarm:
     def prompt_arm(self, batch: int) -> Arm:
         """The arm of a round that reads a prompt (not counted, not priced): SPECULATE (its
         candidates read in the same forward) unless plain is chosen on measured rounds (carried
-        over by `after`): candidates that a measured choice says do not pay are not added to it."""
+        over by `carry_alone`): candidates that a measured choice says do not pay are not added to it."""
         state = self._states.get(batch)
         if state is None or state.warming(self.config.warmup):
             return Arm.SPECULATE
