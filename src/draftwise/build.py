@@ -11,7 +11,7 @@ live in the frozen config dataclasses of each component; this module only reads 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from draftwise.backends.base import Backend
 from draftwise.backends.batch import BatchBackend
@@ -31,6 +31,7 @@ from draftwise.runtime.text_stream import TextPieces
 from draftwise.verify.registry import make_verifier
 
 Prompt = str | Sequence[int]
+R = TypeVar("R", bound=RequestRounds)
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,7 @@ def build_decoder(spec: DecoderSpec, target: Backend, draft: Backend | None = No
 
 
 def _engine(spec: DecoderSpec, target: Backend, draft: Backend | None, gate: CostGateConfig | None,
-            passes: DraftPasses | None = None, kind: type[RequestRounds] = SpeculativeDecoder) -> Any:
+            passes: DraftPasses | None = None, kind: type[R] = SpeculativeDecoder) -> R:  # type: ignore[assignment]
     """A request's decoder of `kind`: one that decodes alone (`SpeculativeDecoder`) or a request
     of an engine's batch (`RequestRounds`)."""
     proposers = make_proposers(spec, target, draft, passes)

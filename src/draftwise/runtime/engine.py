@@ -166,8 +166,9 @@ class Engine:
         start, published = time.perf_counter(), len(events)  # proposals and draft steps are part of its price
         batch = len(self._active)
         self.strategy.start(batch, reading_prompts=any(r.fresh for r in self._active.values()))
-        for request in [r for r in self._active.values() if isinstance(r.stop, Ask)]:
-            self._advance(request, self.strategy.orders(request.stop, batch), events)
+        for request in list(self._active.values()):
+            if isinstance(ask := request.stop, Ask):
+                self._advance(request, self.strategy.orders(ask, batch), events)
         drafting, draft_calls = self._draft(events)
         waiting = [r for r in self._active.values() if isinstance(r.stop, VerifyRequest)]
         if not waiting:
