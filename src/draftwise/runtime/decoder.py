@@ -70,7 +70,8 @@ class SpeculativeDecoder(RequestRounds):
 
 
 class OneSlot:
-    """One `Backend` as an engine's backend of one slot: a verify of that slot is the backend's own."""
+    """One `Backend` as an engine's backend of one slot: a verify of that slot is the backend's own
+    (the decoder commits, rolls back and resets its target itself)."""
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
@@ -81,10 +82,6 @@ class OneSlot:
     def max_slots(self) -> int:
         return 1
 
-    @property
-    def n_threads(self) -> int:
-        return self.backend.n_threads
-
     def open(self) -> int:
         if self._open:
             raise BackendError("the one slot of this backend is taken")
@@ -92,40 +89,7 @@ class OneSlot:
         return 0
 
     def close(self, slot: int) -> None:
-        self._open = False  # the decoder's own generation rolls the backend back and resets it
-
-    def open_slots(self) -> tuple[int, ...]:
-        return (0,) if self._open else ()
-
-    def cached_len(self, slot: int) -> int:
-        return self.backend.cached_len
-
-    def reserve(self, slot: int, tree_rows: int) -> None:
-        self.backend.reserve(tree_rows)
-
-    def reset(self, slot: int) -> None:
-        self.backend.reset()
+        self._open = False
 
     def verify_many(self, calls: Sequence[VerifyCall]) -> list[TargetLogits]:
         return [self.backend.verify(call.pending, call.round_, call.unread) for call in calls]
-
-    def commit(self, slot: int, accepted_rows: Sequence[int]) -> None:
-        self.backend.commit(accepted_rows)
-
-    def rollback(self, slot: int) -> None:
-        self.backend.rollback()
-
-    def truncate(self, slot: int, length: int) -> None:
-        self.backend.truncate(length)
-
-    def kv_bytes(self, slot: int | None = None) -> int:
-        return self.backend.kv_bytes()
-
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        return self.backend.tokenize(text, add_special)
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return self.backend.detokenize(tokens)
-
-    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        return self.backend.chat_prompt(messages)

@@ -18,12 +18,12 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Iterator, Sequence
+from typing import Any, Callable, Hashable, Iterator, Protocol, Sequence
 
 import numpy as np
 
-from draftwise.backends.base import Backend
-from draftwise.backends.batch import BatchBackend, SlotView, VerifyCall, slot_view
+from draftwise.backends.base import Backend, BackendInfo
+from draftwise.backends.batch import SlotView, VerifyCall, slot_view
 from draftwise.errors import InputError
 from draftwise.runtime.logits import TargetLogits
 from draftwise.proposers.base import DraftRequest, answer_alone
@@ -34,6 +34,21 @@ from draftwise.runtime.shadow import ShadowOutcome
 
 # (the slot a request runs on, its generation config) -> its decoder
 DecoderFactory = Callable[[Backend, GenerationConfig], RequestRounds]
+
+
+class Slots(Protocol):
+    """What the engine needs of a backend: slots to open and close, and one forward over many."""
+
+    info: BackendInfo
+
+    @property
+    def max_slots(self) -> int: ...
+
+    def open(self) -> int: ...
+
+    def close(self, slot: int) -> None: ...
+
+    def verify_many(self, calls: Sequence[VerifyCall]) -> Sequence[TargetLogits]: ...
 
 
 @dataclass(frozen=True)
@@ -85,8 +100,9 @@ class _Request:
     prompt: tuple[int, ...]
     config: GenerationConfig
     decoder: RequestRounds | None = None
-    owns_decoder: bool = True  # made for this request by the factory (closed with it)
-    view: SlotView | None = None
+    owns_decoder: bool = True  # made for this request by the factory on its slot (closed with it)
+    slot: int | None = None
+    view: SlotView | None = None  # the slot as the factory's decoder's backend
     run: Any = None  # its generation coroutine
     stop: Step | None = None  # where it waits: a question, a draft step or its verify
     shadows: list[ShadowOutcome] = field(default_factory=list)  # decided this round
@@ -97,7 +113,7 @@ class _Request:
 class Engine:
     """Steps up to `target.max_slots` requests per round; `events()` runs until every request ended."""
 
-    target: BatchBackend
+    target: Slots  # a `BatchBackend` where decoders are made per request
     decoder_for: DecoderFactory | None = None
     default: GenerationConfig = field(default_factory=GenerationConfig)
     strategy: RoundStrategy = field(default_factory=RoundStrategy)
@@ -192,9 +208,10 @@ class Engine:
         while self._queue and len(self._active) < self.target.max_slots:
             request = self._queue.popleft()
             try:
-                request.view = slot_view(self.target, self.target.open())
+                request.slot = self.target.open()
                 if request.decoder is None:
                     assert self.decoder_for is not None, "an engine without a decoder factory runs given decoders"
+                    request.view = slot_view(self.target, request.slot)  # type: ignore[arg-type]
                     request.decoder = self.decoder_for(request.view, request.config)
                 request.run = request.decoder.coroutine(request.prompt)
             except Exception as exc:  # a refused configuration or prompt ends this request only
@@ -280,9 +297,9 @@ class Engine:
         cut = self.strategy.cuts(asks)  # type: ignore[arg-type]
         calls = []
         for r, (_, ask) in zip(waiting, asks):
-            assert isinstance(ask, VerifyRequest) and r.view is not None
+            assert isinstance(ask, VerifyRequest) and r.slot is not None
             round_ = cut.get(r.id, ask.round_)
-            calls.append(VerifyCall(r.view.slot, ask.pending, round_ if round_ is not None and round_.n else None,
+            calls.append(VerifyCall(r.slot, ask.pending, round_ if round_ is not None and round_.n else None,
                                     ask.unread))
         start = time.perf_counter()
         try:
@@ -325,9 +342,9 @@ class Engine:
         self._release(request)
 
     def _release(self, request: _Request) -> None:
-        if request.view is not None:
-            request.view.close()  # the slot's KV is freed now
-            request.view = None
+        if request.slot is not None:
+            self.target.close(request.slot)  # the slot's KV is freed now
+            request.slot, request.view = None, None
         if request.decoder is not None and request.owns_decoder:
             request.decoder.close()  # its proposers' slots too (a draft model's)
         request.decoder = None
