@@ -43,8 +43,8 @@ class GenerationConfig:
     limits: TreeLimits = TreeLimits()
     exact: bool = True
     gate: CostGateConfig | None = None  # verify only as deep as pays, by the measured t(n)
-    # do no harm (docs/guard.md): rounds are plain steps (nothing proposed) where plain steps
-    # measured more committed tokens per second; None: the engine's own guard, if any
+    # do no harm (docs/trees-and-planning.md, the guard): a request alone takes plain steps (nothing
+    # proposed) where they measured more committed tokens per second; None: no guard alone
     guard: DoNoHarmConfig | None = None
 
     def __post_init__(self) -> None:

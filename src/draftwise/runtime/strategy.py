@@ -1,8 +1,8 @@
 """The engine's decisions about a round, behind one interface: the round asks, the strategy answers.
 
 `RoundStrategy` decides, for the requests that share a round, whether each plays speculation or a
-plain step (the do-no-harm guard, docs/guard.md), whether a round that reads a prompt carries
-candidates, how deep every request's gated round is verified when they share one forward (the
+plain step (the do-no-harm guard: docs/trees-and-planning.md), whether a round that reads a
+prompt carries candidates, how deep every request's gated round is verified when they share one forward (the
 batch-aware depth cut), and what shadow proposals count for; it is told what each round
 committed and in how many seconds.  Each request's own cost gate and a union's source gate stay
 with the request (`runtime.round`): they price that request's rows.
