@@ -130,6 +130,10 @@ class DepthRecordingProposer:
         self.depths.append(max_depth)
         return self.inner.propose(context, manifest_hash, max_depth)
 
+    def drafting(self, context, manifest_hash, max_depth=None):  # a stepped proposer's rounds come here
+        self.depths.append(max_depth)
+        return (yield from self.inner.drafting(context, manifest_hash, max_depth))
+
 
 def test_draft_stops_at_what_the_round_can_verify(smol_target, smol_draft, prompt):
     from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer
