@@ -18,11 +18,10 @@ def smol_target():
 
 
 @pytest.fixture(scope="session")
-def smol_draft():
-    from draftwise.backends.transformers import TransformersBackend
-    from draftwise.models import resolve
-
-    return TransformersBackend.load(resolve("smollm2-135m"))
+def smol_draft(smol_target):
+    """The same model as a draft: a backend of its own (its own cache) over the target's loaded,
+    read-only weights, which a second load would only copy."""
+    return smol_target.fork()
 
 
 @pytest.fixture(scope="session")

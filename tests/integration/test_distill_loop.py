@@ -8,6 +8,7 @@ import torch
 
 from draftwise.training.distill import distill_chunks, generate_greedy
 
+from tests.helpers import assert_rows_close
 from tests.integration.tiny_models import tiny_backend
 
 PROMPTS = [[1, 2, 3], [4, 6, 7, 1, 2, 3], [7], [3, 3, 3, 3], [7, 1], [2, 6, 4, 4, 4, 4, 4, 1]]
@@ -38,7 +39,9 @@ def test_the_loop_matches_generate():
         assert answer == want
         lengths.add(len(answer))
         assert hidden.dtype == torch.bfloat16 and hidden.shape[0] == len(prompt) + len(answer)
-        assert torch.allclose(hidden[:-1].float(), rows.to(torch.bfloat16).float(), rtol=2e-2, atol=2e-2)
+        # both sides are fp32 states of another kernel order (a padded batch against one prompt), each
+        # rounded once to bfloat16: they part by at most one bfloat16 ulp of the row's scale, plus fp32 rounding
+        assert_rows_close(hidden[:-1], rows.to(torch.bfloat16), "kept states", factor=2)
         assert not hidden[-1].any()  # the last answer token is never fed
     assert len(lengths) > 1  # some samples stopped early
 

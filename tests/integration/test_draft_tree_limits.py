@@ -11,6 +11,7 @@ from draftwise.topology.tree_spec import TreeTemplate
 from draftwise.proposers.draft_model import DraftConfig, DraftModelProposer, fit_template
 from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.topology.templates import cartesian
+from tests.helpers import assert_probs_close
 from tests.integration.tiny_models import PROMPT, V, tiny_backend
 
 
@@ -38,8 +39,7 @@ def test_a_tree_of_more_than_64_nodes_gives_every_parent_its_own_distribution():
         if parent_path not in fresh:  # the draft's own next-token law after the parent's path
             draft.reset()
             fresh[parent_path] = draft.extend(PROMPT + list(parent_path)).probs(0, SamplingPolicy(temperature=1.0))
-        np.testing.assert_allclose(result.distributions[node.parent], fresh[parent_path], atol=1e-5,
-                                   err_msg=f"node {i} at depth {node.depth}")
+        assert_probs_close(result.distributions[node.parent], fresh[parent_path], f"node {i} at depth {node.depth}")
 
 
 def test_a_nearly_full_draft_context_drafts_only_what_fits():

@@ -1,14 +1,14 @@
 """KV commit: after many rounds whose trees hold rejected branches, the committed cache gives
-the same next-token logits as a fresh prefill of the committed tokens (fp32)."""
+the same next-token logits as a fresh prefill of the committed tokens (fp32, up to the rounding
+of another kernel order: `assert_rows_close`)."""
 
 import dataclasses
 
 import numpy as np
 import pytest
-import torch
 
 from draftwise.topology.compile import compile_round
-from tests.helpers import path_to, result_from_paths
+from tests.helpers import assert_rows_close, path_to, result_from_paths
 
 pytestmark = pytest.mark.model
 
@@ -53,8 +53,7 @@ def test_commit_matches_fresh_prefill_after_50_tree_rounds(smol_target):
     got = backend.verify(committed[-1], None).logits[0].clone()
     backend.rollback()
     want = fresh_logits(backend, committed)
-    assert torch.allclose(got, want, atol=2e-4, rtol=1e-4), (got - want).abs().max()
-    assert int(got.argmax()) == int(want.argmax())
+    assert_rows_close(got, want)  # a fresh prefill reads the rows in one forward: fp32 rounding of another order
 
 
 def test_rejected_rows_are_never_published(smol_target):
@@ -68,7 +67,7 @@ def test_rejected_rows_are_never_published(smol_target):
     probe = backend.verify(50, None).logits[0].clone()
     backend.rollback()
     want = fresh_logits(backend, prompt + [50])
-    assert torch.allclose(probe, want, atol=2e-4, rtol=1e-4)
+    assert_rows_close(probe, want)
 
 
 def test_sibling_row_not_published(smol_target):
@@ -83,7 +82,7 @@ def test_sibling_row_not_published(smol_target):
     probe = backend.verify(11, None).logits[0].clone()
     backend.rollback()
     want = fresh_logits(backend, prompt + [300, 9, 11])
-    assert torch.allclose(probe, want, atol=2e-4, rtol=1e-4)
+    assert_rows_close(probe, want)
 
 
 @pytest.mark.parametrize("paths", [None, [[100, 7, 8]], [[100, 7], [300, 9], [300, 4, 5]]], ids=["plain", "chain", "tree"])
@@ -103,7 +102,7 @@ def test_first_round_reads_the_prompt_in_the_verify_forward(smol_target, paths):
     rows = [()] + [round_.path_tokens(r) for r in range(n)]
     wants = [fresh_logits(backend, prompt + list(path)) for path in rows]
     for row, want in enumerate(wants):
-        assert torch.allclose(got[row], want, atol=2e-4, rtol=1e-4), (row, (got[row] - want).abs().max())
+        assert_rows_close(got[row], want, f"row {row}")
 
     backend.reset()
     backend.verify(prompt[-1], round_, unread=prompt[:-1])
@@ -121,7 +120,7 @@ def commit_and_probe(backend, prompt, round_, row):
     probe = backend.verify(11, None).logits[0].clone()
     backend.rollback()
     want = fresh_logits(backend, committed + [11])
-    assert torch.allclose(probe, want, atol=2e-4, rtol=1e-4), (probe - want).abs().max()
+    assert_rows_close(probe, want)
 
 
 GROWTHS = {
@@ -153,7 +152,7 @@ def test_grown_round_rows_and_commit_match_fresh_prefill(smol_target, start):
     assert backend.cached_len == len(prompt) - 1
     for i in range(grown.n - have):
         want = fresh_logits(backend, prompt + list(grown.path_tokens(have + i)))
-        assert torch.allclose(got[i], want, atol=2e-4, rtol=1e-4), (i, (got[i] - want).abs().max())
+        assert_rows_close(got[i], want, f"row {have + i}")
 
     backend.reset()
     backend.extend(prompt[:-1])
@@ -204,7 +203,7 @@ def test_a_forward_that_fails_part_way_leaves_the_cache_as_it_was(smol_target):
     got = backend.verify(prompt[-1], None).logits[0].clone()
     backend.rollback()
     want = fresh_logits(backend, prompt)
-    assert torch.allclose(got, want, atol=2e-4, rtol=1e-4), (got - want).abs().max()
+    assert_rows_close(got, want)
 
 
 def test_commit_refuses_rows_that_are_not_one_path_and_verify_refuses_overflow(smol_target):

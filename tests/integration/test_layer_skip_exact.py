@@ -23,7 +23,7 @@ from draftwise.verify.registry import make_verifier
 from draftwise.verify.specinfer import SpecInferVerifier
 from draftwise.topology.templates import cartesian
 from draftwise.topology.tree_spec import TreeTemplate
-from tests.helpers import make_spec
+from tests.helpers import assert_probs_close, make_spec
 from tests.integration.test_layer_skip_backend import deep_tiny
 from tests.integration.tiny_heads import exact_law, law_p_value
 from tests.integration.conftest import GREEDY_NEW
@@ -84,7 +84,7 @@ def test_a_proposal_records_the_skipped_pass_q(target):
     draft = proposer.draft
     draft.reset()
     want = POLICY.probs(draft.extend(PROMPT).logits[0].numpy())
-    np.testing.assert_allclose(result.distributions[-1], want, atol=1e-6)
+    assert_probs_close(result.distributions[-1], want)
     target.reset()
     full = POLICY.probs(target.extend(PROMPT).logits[0].numpy())
     assert np.abs(full - want).max() > 1e-2

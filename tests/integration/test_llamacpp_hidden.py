@@ -186,7 +186,7 @@ def test_token_weights_match_the_transformers_backend(backend, smol_target):
     assert backend.token_weights() is ours  # read once, cached
     for mine, other in ((ours.embed, theirs.embed), (ours.lm_head, theirs.lm_head)):
         assert mine.dtype == np.float32 and mine.shape == other.shape == (backend.info.vocab_size, backend._n_embd)
-        np.testing.assert_allclose(mine, other, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(mine, other, rtol=0, atol=1e-6)  # a conversion, elementwise: no sum to reorder
 
 
 # ---- decoders --------------------------------------------------------------------------------

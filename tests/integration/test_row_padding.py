@@ -21,7 +21,7 @@ from draftwise.backends.transformers import TransformersBackend
 from draftwise.build import build_decoder
 from draftwise.runtime.round import GenerationConfig
 from draftwise.topology.compile import compile_round
-from tests.helpers import make_spec, path_to, result_from_paths
+from tests.helpers import assert_rows_close, make_spec, path_to, result_from_paths
 from draftwise.backends.transformers_batch import TransformersBatch
 from tests.integration.test_batch_drafting import tree_levels
 from tests.integration.test_transformers_batch import Mirror, assert_same, scenario, solo_of, start
@@ -87,7 +87,7 @@ def run_pair(padded: TransformersBackend, plain: TransformersBackend, track: boo
         got, want = call(padded), call(plain)
         assert_same(got, want, f"call {compared}")
         if track:
-            assert torch.allclose(padded._rows_hidden, plain._rows_hidden, atol=1e-5)
+            assert_rows_close(padded._rows_hidden, plain._rows_hidden, "hidden states")
         compared += 1
 
     t = plain.cached_len + 1
@@ -274,9 +274,10 @@ def test_the_hidden_states_kept_are_the_rows_read_out():
     base.extend(tokens)
     with torch.inference_mode():
         own = base.model(input_ids=torch.tensor([tokens]), output_hidden_states=True).hidden_states[-1][0]  # [9, d]
-    assert np.allclose(base.frontier_hidden(), own[-1].numpy(), atol=1e-5)
+    assert_rows_close(base.frontier_hidden(), own[-1], "frontier")
     base.verify(3, chain(base.cached_len + 1, [4, 5]))  # 3 rows, padded to 4
     base.commit([0, 1])
     with torch.inference_mode():
         own = base.model(input_ids=torch.tensor([tokens + [3, 4, 5]]), output_hidden_states=True).hidden_states[-1][0]
-    assert base.padded == 1 and np.allclose(base.frontier_hidden(), own[-1].numpy(), atol=1e-5)
+    assert base.padded == 1
+    assert_rows_close(base.frontier_hidden(), own[-1], "frontier")

@@ -16,6 +16,7 @@ from draftwise.proposers.kangaroo import KangarooConfig, open_kangaroo
 from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.topology.compile import compile_round
 from draftwise.verify.registry import make_verifier
+from tests.helpers import assert_rows_close
 from tests.integration.test_kangaroo import random_adapter, saved
 from tests.integration.test_layer_skip_backend import PREFIX, deep_tiny, rows_of
 
@@ -53,7 +54,7 @@ def test_a_verify_reusing_the_shallow_rows_gives_the_targets_logits(setup):
     target.rollback()
     plain = target.verify(PREFIX[-1], round_).logits.clone()
     assert target.last_reused == 0  # the offer is one-shot
-    torch.testing.assert_close(reused, plain, atol=1e-5, rtol=0)
+    assert_rows_close(reused, plain)
 
 
 def test_the_reused_rows_commit_into_a_cache_that_equals_a_fresh_prefill(setup):
@@ -66,7 +67,7 @@ def test_the_reused_rows_commit_into_a_cache_that_equals_a_fresh_prefill(setup):
     committed = PREFIX + [int(round_.token_ids[r]) for r in accepted] + [bonus]
     got = target.verify(bonus, None).logits[0].clone()
     target.rollback()
-    torch.testing.assert_close(got, rows_of(target, committed, None)[0], atol=1e-5, rtol=0)
+    assert_rows_close(got, rows_of(target, committed, None)[0])
 
 
 @pytest.mark.parametrize("field", ["checkpoint", "boundary", "token", "position", "ancestry", "dtype", "generation"])
@@ -81,7 +82,7 @@ def test_any_metadata_mismatch_disables_reuse(setup, field):
     logits = target.verify(PREFIX[-1], round_).logits.clone()
     assert target.last_reused == 0
     target.rollback()
-    torch.testing.assert_close(logits[0], plain[0], atol=1e-5, rtol=0)
+    assert_rows_close(logits[0], plain[0])
 
 
 def test_a_cut_cache_bumps_the_generation_so_an_older_offer_is_refused(setup):
@@ -137,4 +138,4 @@ def test_reuse_on_qwen2_gives_the_targets_logits(tmp_path):
     reused = target.verify(PREFIX[-1], round_).logits.clone()
     assert target.last_reused == len(result.nodes)
     target.rollback()
-    torch.testing.assert_close(reused, target.verify(PREFIX[-1], round_).logits, atol=1e-5, rtol=0)
+    assert_rows_close(reused, target.verify(PREFIX[-1], round_).logits)

@@ -18,6 +18,7 @@ from draftwise.heads.arch import HeadArch, make_heads
 from draftwise.heads.artifact import HeadSet, HeadTarget, save_heads
 from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.verify.sequoia import without_replacement_q
+from tests.helpers import probs_differ
 from tests.integration.tiny_models import chi_square_p
 
 
@@ -153,10 +154,11 @@ def own_path_mismatches(result, headset: HeadSet, weights, policy: SamplingPolic
     for parent in result.distributions:
         want = head_law(headset, weights, policy, h, [pending] + node_path(result, parent))
         got = result.distributions[parent]
-        if not np.allclose(got, want, atol=1e-6):
-            bad.append(f"q of parent {parent} (path {node_path(result, parent)}) is off by {np.abs(got - want).max():.3g}")
+        problem = probs_differ(got, want)  # the proposer's heads run batched: fp32 rounding of another order
+        if problem is not None:
+            bad.append(f"q of parent {parent} (path {node_path(result, parent)}) {problem}")
     for i, node in enumerate(result.nodes):
-        if not np.isclose(node.q, result.distributions[node.parent][node.token], atol=1e-9):
+        if node.q != result.distributions[node.parent][node.token]:  # the same number, recorded twice
             bad.append(f"node {i}: q {node.q} != its parent's q at token {node.token}")
     return bad
 

@@ -7,6 +7,7 @@ import json
 import pytest
 from rich.console import Console
 
+import draftwise.bench.main as bench_main
 import draftwise.bench.runner as runner
 from draftwise.bench.main import run_bench
 from draftwise.bench.pool import ModelPool
@@ -19,6 +20,14 @@ pytestmark = pytest.mark.model
 @pytest.fixture(scope="module")
 def pool():
     return ModelPool(threads=1, seed=0)  # one model load shared by both sessions
+
+
+@pytest.fixture
+def fixed_noise_verdict(monkeypatch):
+    """The noise check (a short generation timed six times, before and after every run: most of
+    these tests' forwards) is recorded by the first test; the others read neither its numbers nor
+    its verdict, so a fixed one stands in."""
+    monkeypatch.setattr(bench_main, "check_noise", lambda executors, question: {"method": "fixed", "reliable": True})
 
 
 def settings(prompts):
@@ -70,6 +79,8 @@ def test_interrupted_run_resumes_without_redoing(tmp_path, pool, monkeypatch):
     for name in ("summary.json", "report.md", "session.json"):
         assert (out / name).is_file()
     assert json.loads((out / "summary.json").read_text())["environment"]["threads"] == 1
+    noise = json.loads((out / "session.json").read_text())["noise"]  # the machine's steadiness, checked on the first method
+    assert set(noise) == {"start", "end"} and all(c["method"] == "plain" and c["cv"] >= 0 for c in noise.values())
     report = (out / "report.md").read_text()
     assert "identical to plain" in report
     # memory is in the report, not only in summary.json: the run's peak and each method's RSS after loading
@@ -81,7 +92,8 @@ def test_interrupted_run_resumes_without_redoing(tmp_path, pool, monkeypatch):
         run_bench(changed, out, resume=True, show_progress=False, pool=pool)
 
 
-def test_a_gated_method_records_the_cost_profile_its_gate_decided_by_and_a_log_gets_progress_lines(tmp_path, pool):
+def test_a_gated_method_records_the_cost_profile_its_gate_decided_by_and_a_log_gets_progress_lines(tmp_path, pool,
+                                                                                                    fixed_noise_verdict):
     from draftwise.models import resolve
     from draftwise.runtime.cost_profile import VerifyCostProfile
 
@@ -108,7 +120,8 @@ def test_a_gated_method_records_the_cost_profile_its_gate_decided_by_and_a_log_g
     assert resumed["earlier_gate_profiles"] == []  # the same profile read back is not a re-measured one
 
 
-def test_a_failed_question_is_kept_out_of_answers_and_runs_again_only_when_retried(tmp_path, pool, monkeypatch):
+def test_a_failed_question_is_kept_out_of_answers_and_runs_again_only_when_retried(tmp_path, pool, monkeypatch,
+                                                                                   fixed_noise_verdict):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Count from one to ten.\nList three colours.\n")
     out = tmp_path / "run"
