@@ -168,7 +168,7 @@ def test_strict_keeps_no_pad_cell(strict):
     strict.extend(prompt[:-1])
     strict.verify(prompt[-1], None)
     strict.commit(())
-    assert llama_cpp.llama_memory_seq_pos_max(strict._mem, 0) == len(prompt) - 1 == strict.cached_len - 1
+    assert llama_cpp.llama_memory_seq_pos_max(strict.batch._mem, 0) == len(prompt) - 1 == strict.cached_len - 1
     strict.reset()
 
 
