@@ -29,8 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from draftwise.backends.batch import VerifyCall
-from draftwise.backends.llamacpp import LlamaCppBackend
-from draftwise.backends.llamacpp_multi import LlamaCppBatch
+from draftwise.backends.llamacpp import LlamaCppBackend, LlamaCppBatch
 from draftwise.bench.study import read_noise, write_study
 from draftwise.models import resolve
 from draftwise.timing import Spread

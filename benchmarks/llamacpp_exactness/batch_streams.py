@@ -1,6 +1,6 @@
 """Rows of a shared llama.cpp batch against the same verify on a single-sequence backend, with
 one KV stream per slot (a batch of chains only) and with the unified cache (a batch that can
-hold trees): `llamacpp_multi.probe_batch_invariance` for B = 1, 2, 4, 8 and chains of 0, 3 and 7
+hold trees): `invariance.probe_batch_invariance` for B = 1, 2, 4, 8 and chains of 0, 3 and 7
 candidates.  Writes results.json and report.md.
 
     PYTHONPATH=src .venv/bin/python benchmarks/llamacpp_exactness/batch_streams.py \\
@@ -15,7 +15,8 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from draftwise.backends.llamacpp_multi import LlamaCppBatch, probe_batch_invariance
+from draftwise.backends.invariance import probe_batch_invariance
+from draftwise.backends.llamacpp import LlamaCppBatch
 from draftwise.backends.load import load_backend
 from draftwise.backends.profile import machine_description
 

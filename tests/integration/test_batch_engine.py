@@ -394,7 +394,7 @@ NEAR_TIE = 1.5  # logits: above every batch-vs-alone difference the batch probe 
 @pytest.mark.llamacpp
 def test_llamacpp_batches_every_request_and_parts_from_plain_only_at_near_ties():
     """llama.cpp: rows computed in a shared batch may round differently from rows decoded alone
-    (`llamacpp_multi.probe_batch_invariance`), so a batched greedy answer may part from the
+    (`invariance.probe_batch_invariance`), so a batched greedy answer may part from the
     request's own plain answer, but only where the two tokens are a near-tie for the target."""
     pytest.importorskip("llama_cpp")
     from draftwise.backends.load import load_backend, open_batch

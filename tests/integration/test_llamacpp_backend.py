@@ -129,10 +129,12 @@ def test_tree_verify_matches_sequential(backend, prompt):
 
 
 def _assert_only_sequence_zero(backend: LlamaCppBackend) -> None:
-    mem = llama_cpp.llama_get_memory(backend._ctx)
+    mem = backend.batch._mem
+    main, *leaves = backend.batch.seq_ids(backend.slot)
+    assert main == 0 and len(leaves) == MAX_LEAVES
     assert llama_cpp.llama_memory_seq_pos_min(mem, 0) == (0 if backend.cached_len else -1)
     assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == backend.cached_len - 1
-    for s in range(1, MAX_LEAVES + 1):
+    for s in leaves:
         assert llama_cpp.llama_memory_seq_pos_max(mem, s) == -1, f"sequence {s} still holds cells"
     assert backend.kv_bytes() == backend.cached_len * backend.geometry.bytes_per_cell
 

@@ -91,7 +91,7 @@ def fresh_hidden(backend: LlamaCppBackend, tokens: list[int]) -> tuple[np.ndarra
     backend.reset()
     logits = backend.extend(tokens).logits[0].copy()
     h = backend.frontier_hidden()
-    assert h is not None and h.shape == (backend._n_embd,) and h.dtype == np.float32
+    assert h is not None and h.shape == (backend.batch.weights.n_embd,) and h.dtype == np.float32
     return h.copy(), logits
 
 
@@ -181,11 +181,39 @@ def test_rollback_keeps_the_committed_frontier(backend, prompt, greedy):
     assert np.array_equal(backend.frontier_hidden(), h)
 
 
+def test_batch_slots_keep_hidden_states_of_their_own(backend, prompt, greedy):
+    """On a batch, a tracking slot's round and another slot's prompt share one decode (embeddings
+    on: llama.cpp then outputs every row): each slot reads its own rows, and only the tracking
+    slot gets a frontier."""
+    from draftwise.backends.batch import VerifyCall, keeps_hidden
+    from draftwise.backends.llamacpp import LlamaCppBatch
+
+    batch = LlamaCppBatch.from_backend(backend, max_slots=2, max_tree_leaves=2, slot_ctx=512)
+    try:
+        assert keeps_hidden(batch)
+        tracked, other = batch.open(), batch.open()
+        batch.track_hidden(tracked)
+        round_ = make_round(len(prompt), [(greedy[0], -1), (greedy[1], 0), (11, -1)])
+        text = prompt[:12] + [777]
+        got = batch.verify_many([VerifyCall(tracked, prompt[-1], round_, tuple(prompt[:-1])),
+                                 VerifyCall(other, text[-1], None, tuple(text[:-1]))])
+        mine, theirs = np.array(got[0].logits), np.array(got[1].logits)
+        assert mine.shape == (4, backend.info.vocab_size) and theirs.shape == (1, backend.info.vocab_size)
+        batch.commit(tracked, [0, 1])
+        batch.commit(other, [])
+        assert batch.frontier_hidden(other) is None
+        check_frontier(backend, prompt + greedy[:2], batch.frontier_hidden(tracked), mine[2])
+        want = fresh_hidden(backend, text)[1]
+        assert np.max(np.abs(theirs[0] - want)) < HEAD_ATOL + 0.5  # batch rounding, far below a wrong row's move
+    finally:
+        batch.free()
+
+
 def test_token_weights_match_the_transformers_backend(backend, smol_target):
     ours, theirs = backend.token_weights(), smol_target.token_weights()
     assert backend.token_weights() is ours  # read once, cached
     for mine, other in ((ours.embed, theirs.embed), (ours.lm_head, theirs.lm_head)):
-        assert mine.dtype == np.float32 and mine.shape == other.shape == (backend.info.vocab_size, backend._n_embd)
+        assert mine.dtype == np.float32 and mine.shape == other.shape == (backend.info.vocab_size, backend.batch.weights.n_embd)
         np.testing.assert_allclose(mine, other, rtol=0, atol=1e-6)  # a conversion, elementwise: no sum to reorder
 
 
@@ -194,7 +222,7 @@ def test_token_weights_match_the_transformers_backend(backend, smol_target):
 def random_heads(directory, family: str, target: LlamaCppBackend, seed: int):
     """An untrained head set with small random weights (zero-initialised layers would make every
     head repeat the LM head of the frontier state), on a draft vocabulary of the first 8192 ids."""
-    arch = HeadArch(family=family, num_heads=3, hidden_size=target._n_embd, layers=1,
+    arch = HeadArch(family=family, num_heads=3, hidden_size=target.batch.weights.n_embd, layers=1,
                     vocab_size=target.info.vocab_size, draft_vocab=8192)
     heads = make_heads(arch)
     gen = torch.Generator().manual_seed(seed)

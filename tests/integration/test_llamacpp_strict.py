@@ -160,6 +160,29 @@ def test_probe_catches_a_row_one_ulp_off(strict):
     assert not probe.bit_identical and probe.exact_rows == 1 and 0 < probe.max_abs_diff < 1e-3
 
 
+def test_a_commit_through_a_leaf_grown_from_a_chain_keeps_only_the_accepted_path(strict):
+    """A chain verified, then grown into a tree (`verify_more`), and committed through a new
+    leaf: the chain's rejected row must leave the committed text (a kept one sits at the same
+    position as an accepted row and moves the next logits by several units), also while the
+    graveyard holds rejected cells."""
+    from tests.integration.test_llamacpp_backend import make_round
+
+    prompt = strict.tokenize("def add(a, b):\n    return a + b\n", add_special=False)
+    strict.reserve(4)
+    strict.reset()
+    strict.extend(prompt[:-1])
+    t = strict.cached_len
+    strict.verify(prompt[-1], make_round(t + 1, [(800, -1), (801, 0)]))  # a chain: the main sequence holds it
+    strict.verify_more(make_round(t + 1, [(800, -1), (801, 0), (802, 0), (803, 1), (804, 2)]), 2)
+    strict.commit([0, 2, 4])  # 800 -> 802 -> 804: 801 is rejected
+    got = np.array(strict.verify(5, None).logits[0])
+    strict.rollback()
+    strict.reset()
+    want = np.array(strict.extend(list(prompt) + [800, 802, 804, 5]).logits[0])
+    strict.reset()
+    assert float(np.max(np.abs(got - want))) < 1.0
+
+
 def test_strict_keeps_no_pad_cell(strict):
     """The throwaway row a one-row decode is padded with leaves no cell behind."""
     import llama_cpp
@@ -169,7 +192,7 @@ def test_strict_keeps_no_pad_cell(strict):
     strict.extend(prompt[:-1])
     strict.verify(prompt[-1], None)
     strict.commit(())
-    assert llama_cpp.llama_memory_seq_pos_max(strict._mem, 0) == len(prompt) - 1 == strict.cached_len - 1
+    assert llama_cpp.llama_memory_seq_pos_max(strict.batch._mem, 0) == len(prompt) - 1 == strict.cached_len - 1
     strict.reset()
 
 

@@ -51,8 +51,6 @@ NOT_FIGURES = {
 PENDING_REWRITE = (
     "backends/transformers.py",
     "backends/transformers_batch.py",
-    "backends/llamacpp.py",
-    "backends/llamacpp_multi.py",
 )
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Sequence
@@ -30,6 +31,7 @@ import numpy as np
 
 from draftwise.artifacts import read_manifest, staged_artifact, write_manifest
 from draftwise.backends.base import Backend
+from draftwise.backends.batch import BatchBackend, VerifyCall
 from draftwise.backends.profile import _PREFIX_TEXT, chain_round, machine_description, random_tree
 from draftwise.errors import InputError
 from draftwise.topology.compile import CompiledRound
@@ -336,3 +338,95 @@ def find_divergence(backend: Backend, prompt: Sequence[int], got: Sequence[int],
     margin = plain_margin(backend, list(prompt) + list(plain[:first]))
     bound = probe.near_tie_bound()
     return Divergence(first, margin, bound, margin < bound)
+
+
+# ---- batches: each slot's rows in a shared forward, against the same call alone ----------------
+@dataclass(frozen=True)
+class BatchInvarianceCase:
+    slots: int  # B: calls in the shared forward
+    candidates: int  # chain candidates per call (0 = pending-only)
+    vs_alone: float  # max |dlogit| between a slot's rows in the shared forward and the same call alone (B = 1)
+    vs_single: float  # ... and the same rows on a single-sequence backend (its verify)
+
+
+def probe_batch_invariance(batch: BatchBackend, single: Backend, slot_counts: Sequence[int] = (1, 2, 4, 8),
+                           candidates: Sequence[int] = (0, 3), prefix_len: int = 24,
+                           seed: int = 0) -> list[BatchInvarianceCase]:
+    """For B slots, each with its own prefix (lengths prefix_len + 7 * i, random text), verify
+    every slot's pending token (and a chain of `candidates` rows) in one `verify_many`, and
+    compare each slot's rows with the same call verified alone on the batch and with the same
+    verify on `single` (same weights).  Slots opened here are closed again; needs B free slots."""
+    rng = np.random.default_rng(seed)
+    out = []
+    vocab = batch.info.vocab_size
+    for b in slot_counts:
+        for n in candidates:
+            prefixes = [[int(x) for x in rng.integers(100, 20000, prefix_len + 7 * i + 1 + n)] for i in range(b)]
+            slots = [batch.open() for _ in range(b)]
+            try:
+                rounds = []
+                for slot, tokens in zip(slots, prefixes):
+                    batch.verify_many([VerifyCall(slot, tokens[-2 - n], None, tuple(tokens[: -2 - n]))])
+                    batch.commit(slot, ())
+                    p = batch.cached_len(slot)
+                    rounds.append(chain_round(p + 1, n, vocab, tokens[-n:]) if n else None)
+                calls = [VerifyCall(s, tokens[-1 - n], r) for s, tokens, r in zip(slots, prefixes, rounds)]
+                shared = [np.array(x.logits, dtype=np.float64) for x in batch.verify_many(calls)]
+                for s in slots:
+                    batch.rollback(s)
+                alone = []
+                for call in calls:
+                    alone.append(np.array(batch.verify_many([call])[0].logits, dtype=np.float64))
+                    batch.rollback(call.slot)
+                ref = []
+                for tokens, r in zip(prefixes, rounds):
+                    single.reset()
+                    single.extend(tokens[: -1 - n])
+                    ref.append(np.array(single.verify(tokens[-1 - n], r).logits, dtype=np.float64))
+                    single.rollback()
+                single.reset()
+            finally:
+                for s in slots:
+                    batch.close(s)
+            out.append(BatchInvarianceCase(
+                b, n, max(float(np.max(np.abs(x - y))) for x, y in zip(shared, alone)),
+                max(float(np.max(np.abs(x - y))) for x, y in zip(shared, ref))))
+    return out
+
+
+def time_verify_many(batch: BatchBackend, slot_counts: Sequence[int] = (1, 2, 4, 8), prefix_len: int = 128,
+                     repeats: int = 5, seed: int = 0) -> list[tuple[int, float, float]]:
+    """(B, seconds of one verify_many of B pending-only calls, seconds of B verify_many calls
+    of one each), best of `repeats`, prefixes of `prefix_len` random tokens."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for b in slot_counts:
+        slots = [batch.open() for _ in range(b)]
+        try:
+            for s in slots:
+                batch.verify_many([VerifyCall(s, int(rng.integers(100, 20000)), None,
+                                              tuple(int(x) for x in rng.integers(100, 20000, prefix_len)))])
+                batch.commit(s, ())
+            calls = [VerifyCall(s, int(rng.integers(100, 20000)), None) for s in slots]
+            rows.append((b, _best(lambda c=calls: _settle(batch, c), repeats),
+                         _best(lambda c=calls: [_settle(batch, [call]) for call in c], repeats)))
+        finally:
+            for s in slots:
+                batch.close(s)
+    return rows
+
+
+def _settle(batch: BatchBackend, calls: list[VerifyCall]) -> None:
+    batch.verify_many(calls)
+    for call in calls:
+        batch.rollback(call.slot)
+
+
+def _best(fn, repeats: int) -> float:
+    fn()  # warm
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best

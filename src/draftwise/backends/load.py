@@ -109,8 +109,7 @@ def draft_batch(draft: Backend, max_slots: int) -> DraftBatch:
     from draftwise.backends.transformers_batch import TransformersBatch
 
     if draft.info.name == "llamacpp":
-        from draftwise.backends.llamacpp import LlamaCppBackend
-        from draftwise.backends.llamacpp_multi import LlamaCppBatch
+        from draftwise.backends.llamacpp import LlamaCppBackend, LlamaCppBatch
 
         assert isinstance(draft, LlamaCppBackend)
         return LlamaCppBatch.from_backend(draft, max_slots)
@@ -132,8 +131,7 @@ def open_batch(target: Backend, max_slots: int) -> BatchBackend:
     if max_slots < 1:
         raise InputError(f"a batch holds at least 1 request, not {max_slots}")
     if target.info.name == "llamacpp":
-        from draftwise.backends.llamacpp import LlamaCppBackend
-        from draftwise.backends.llamacpp_multi import LlamaCppBatch
+        from draftwise.backends.llamacpp import LlamaCppBackend, LlamaCppBatch
 
         assert isinstance(target, LlamaCppBackend)
         return LlamaCppBatch.from_backend(target, max_slots)

@@ -1,10 +1,9 @@
-"""A llama_batch whose arrays are owned by numpy, so a round is filled with vector writes.
+"""The tokens of one `llama_decode` (a `llama_batch` struct) in arrays that numpy owns.
 
-`llama_batch_init` mallocs one seq-id array per token; filling 65 rows x 65 sequence ids
-through ctypes item assignment would cost milliseconds of Python per round.  Here every
-field is a numpy array and `seq_ids` is one [C, S] block whose row pointers are handed to
-llama.cpp; `llama_decode` takes the struct by value and keeps no pointer past the call,
-so nothing needs `llama_batch_free`.
+`llama_batch_init` mallocs one seq-id array per token, which ctypes would fill item by item;
+here every field is a numpy array (`seq_ids` one [C, S] block whose row pointers llama.cpp
+gets), filled with vector writes.  `llama_decode` takes the struct by value and keeps no
+pointer past the call, so nothing needs `llama_batch_free`.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ def _ptr(array: np.ndarray, ctype):
     return array.ctypes.data_as(ctypes.POINTER(ctype))
 
 
-class NumpyBatch:
+class TokenArrays:
     """Capacity C tokens, each in at most S sequences."""
 
     def __init__(self, capacity: int, n_seq: int) -> None:
@@ -44,27 +43,16 @@ class NumpyBatch:
             logits=_ptr(self.logits, ctypes.c_int8),
         )
 
-    def set_one(self, token: int, pos: int) -> None:
-        """Plain decoding: one token in sequence 0 with its logits (the hot path, no numpy calls)."""
+    def set_one(self, token: int, pos: int, seq: int, logits: bool) -> None:
+        """One token in one sequence (plain decoding's step: the hot path, no numpy calls)."""
         self.token[0] = token
         self.pos[0] = pos
         self.n_seq_id[0] = 1
-        self.seq_ids[0, 0] = 0
-        self.logits[0] = 1
+        self.seq_ids[0, 0] = seq
+        self.logits[0] = logits
         self.struct.n_tokens = 1
 
-    def set_sequence(self, tokens, start: int, last_logits_only: bool) -> None:
-        """Consecutive tokens in sequence 0 at positions start, start + 1, ..."""
-        m = len(tokens)
-        self.token[:m] = tokens
-        self.pos[:m] = np.arange(start, start + m, dtype=np.int32)
-        self.n_seq_id[:m] = 1
-        self.seq_ids[:m, 0] = 0
-        self.logits[:m] = 0 if last_logits_only else 1
-        self.logits[m - 1] = 1
-        self.struct.n_tokens = m
-
-    def set_tree(self, tokens: np.ndarray, positions: np.ndarray, member: np.ndarray,
+    def set_rows(self, tokens: np.ndarray, positions: np.ndarray, member: np.ndarray,
                  outputs: np.ndarray | None = None) -> None:
         """Rows with their positions and sequence sets; member [R, S'] bool, S' <= S; the rows
         where `outputs` [R] is true output logits (None: all)."""
