@@ -16,7 +16,8 @@ import torch
 from scipy.stats import chisquare
 
 from draftwise.backends.base import BackendInfo
-from draftwise.backends.transformers import TorchLogits, TransformersBackend
+from draftwise.backends.transformers import TransformersBackend
+from draftwise.backends.transformers_batch import TorchLogits
 from draftwise.engine import GenerationConfig, SpeculativeDecoder
 from draftwise.sampling import SamplingPolicy
 from draftwise.logits import NumpyLogits

@@ -13,7 +13,7 @@ import torch
 from scipy.stats import chisquare
 
 from draftwise.backends.torch_probs import policy_probs
-from draftwise.backends.transformers import TorchLogits
+from draftwise.backends.transformers_batch import TorchLogits
 from draftwise.contracts import (
     ContractError,
     ProbabilitySemantics,
