@@ -39,7 +39,8 @@ def worker(args: argparse.Namespace) -> None:
     try:
         from draftwise.runtime.round import GenerationConfig
     except ImportError:  # the base version's module path
-        from draftwise.engine import GenerationConfig  # type: ignore[no-redef]
+        from importlib import import_module
+        GenerationConfig = import_module("draftwise.engine").GenerationConfig  # the base version's module path
     target = load_backend(args.target, args.backend, args.threads)
     base = DecoderSpec(target=args.target, backend=args.backend, threads=args.threads,
                        generation=GenerationConfig(max_new_tokens=args.max_new))

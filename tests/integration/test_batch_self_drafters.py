@@ -58,14 +58,18 @@ def test_each_request_drafts_on_a_pass_of_its_own_and_decodes_as_alone(target, t
     assert shared_draft_rounds(batch, results) >= 3
 
 
-def test_a_draft_pass_over_another_model_would_be_caught(target, tmp_path):
+def test_a_draft_pass_over_another_model_would_be_caught(target, tmp_path, monkeypatch):
     """Planted fault: the batch hands its self-drafters another model than the one its slots
     verify with.  Output stays exact (the verify is the slots' own), but the drafts round by round
     must part from the ones each request makes alone - what the comparison above rests on."""
     spec = make_spec(CONFIG, **options_for("layer-skip", tmp_path, target, None))
     alone = [build_decoder(spec, target).generate(p) for p in PROMPTS[:4]]
+    from draftwise.backends import layer_skip
+
     batch_target = TransformersBatch.from_backend(target, 4)
-    batch_target.backend = deep_tiny(seed=7)  # the fault
+    other, host = deep_tiny(seed=7), layer_skip.draft_pass_host
+    monkeypatch.setattr(layer_skip, "draft_pass_host",
+                        lambda t: other if host(t) is batch_target else host(t))  # the fault
     results = batch_decoder(spec, batch_target).generate_many(PROMPTS[:4])
     assert [r.tokens for r in results] == [a.tokens for a in alone]
     assert [accepted_per_round(r) for r in results] != [accepted_per_round(a) for a in alone]

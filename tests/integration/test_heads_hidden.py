@@ -153,6 +153,6 @@ def test_a_generation_tracks_hidden_states_only_when_a_proposer_reads_them():
     heads.generate([1, 2, 3])
     assert backend.frontier_hidden() is not None
     plain.generate([1, 2, 3])
-    assert backend.frontier_hidden() is None and not backend._track
+    assert backend.frontier_hidden() is None and not backend.batch._slots[backend.slot].track
     heads.generate([1, 2, 3])
-    assert backend._track and backend.frontier_hidden() is not None
+    assert backend.batch._slots[backend.slot].track and backend.frontier_hidden() is not None

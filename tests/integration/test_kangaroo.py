@@ -93,8 +93,8 @@ def test_incremental_drafting_equals_the_adapter_over_each_whole_sequence():
         want = reference_row(target, adapter, PREFIX + list(round_.path_tokens(r)))
         assert_rows_close(rows[r + 1], want)
     # the adapter's cache slot comes after the target's layers, and only the shallow layers hold rows
-    held = [i for i, layer in enumerate(draft._cache.layers) if layer.is_initialized]
-    assert held == [0, 1, 4]
+    held = draft.batch._held  # the cache layers its tensors stand for (a row written elsewhere is refused)
+    assert held == [0, 1, 4] and all(k.shape[2] == draft.cached_len + 1 + round_.n for k in draft.batch._keys)
 
 
 def test_the_artifact_round_trips_and_refuses_tampering_and_other_targets(tmp_path):

@@ -104,19 +104,18 @@ def test_drafting_never_touches_the_target_cache_and_keeps_rows_only_where_atten
     draft = LayerSkipBackend(target, skip)
     target.reset()
     target.extend(PREFIX)
-    before = [(layer.keys.clone(), layer.values.clone()) for layer in target._cache.layers]
+    before = [t.clone() for t in target.batch._keys + target.batch._values]
     draft.reset()
     draft.extend(PREFIX)
     round_ = compile_round(len(PREFIX) + 1, [result_from_paths(TREE)])
     draft.verify(2, round_)
     draft.commit([0, 1])
     draft.truncate(len(PREFIX) + 1)
-    assert target.cached_len == len(PREFIX) and target._cache is not draft._cache
-    for (keys, values), layer in zip(before, target._cache.layers):
-        assert torch.equal(layer.keys, keys) and torch.equal(layer.values, values)
-    held = [i for i, layer in enumerate(draft._cache.layers) if layer.is_initialized]
-    assert held == [1, 2]
-    assert all(draft._cache.layers[i].keys.shape[2] == len(PREFIX) + 1 for i in held)
+    assert target.cached_len == len(PREFIX) and target.batch is not draft.batch
+    assert all(torch.equal(t, old) for t, old in zip(target.batch._keys + target.batch._values, before))
+    # its tensors stand for cache layers 1 and 2 (a skipped layer given rows is refused), at the committed length
+    assert draft.batch._held == [1, 2] and len(draft.batch._keys) == 2
+    assert all(k.shape[2] == len(PREFIX) + 1 for k in draft.batch._keys + draft.batch._values)
     assert draft.info.kv_row_bytes == target.info.kv_row_bytes // 4 * 2
 
 

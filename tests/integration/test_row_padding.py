@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 import torch
 
-from draftwise.backends import transformers as transformers_module
+from draftwise.backends import transformers_batch
 from draftwise.backends.batch import Extend, GrowRound, VerifyCall
 from draftwise.backends.row_padding import RowPadding, padded_rows
 from draftwise.backends.transformers import TransformersBackend
 from draftwise.build import build_decoder
 from draftwise.runtime.round import GenerationConfig
 from draftwise.topology.compile import compile_round
-from tests.helpers import assert_rows_close, make_spec, path_to, result_from_paths
+from tests.helpers import make_spec, path_to, result_from_paths
 from draftwise.backends.transformers_batch import TransformersBatch
 from tests.integration.test_batch_drafting import tree_levels
 from tests.integration.test_transformers_batch import Mirror, assert_same, scenario, solo_of, start
@@ -31,21 +31,29 @@ from tests.integration.tiny_models import V, tiny_backend
 PADDING = RowPadding((1.0, 2.2, 3.0, 1.6, 1.7, 2.5, 3.1, 1.8, 1.9, 2.0))
 
 
-class Counted(TransformersBackend):
-    """A backend that counts its padded forwards."""
+class Counted(TransformersBatch):
+    """Slots that count their padded forwards."""
 
     padded = 0
 
-    def _padding(self, rows, keep, before, positions):
-        pad = super()._padding(rows, keep, before, positions)
-        self.padded += pad > 0
-        return pad
+    def _padded_width(self, sequences, width, past):
+        padded = super()._padded_width(sequences, width, past)
+        self.padded += padded > width
+        return padded
 
 
-def padded_twin(base: TransformersBackend, padding: RowPadding = PADDING) -> Counted:
-    twin = Counted(base.model, base.tokenizer, base.info)
+def padded_twin(base: TransformersBackend, padding: RowPadding = PADDING, batch_type=Counted) -> TransformersBackend:
+    twin = TransformersBackend(base.model, base.tokenizer, base.info, batch_type)
     twin.row_padding = padding
     return twin
+
+
+def rows_hidden(backend: TransformersBackend):
+    return backend.batch._slots[backend.slot].rows_hidden
+
+
+def columns_needed(backend: TransformersBackend) -> int:
+    return backend.batch._slots[backend.slot].end
 
 
 def recording_batch() -> tuple[type[TransformersBatch], list[tuple[int, ...]]]:
@@ -86,8 +94,9 @@ def run_pair(padded: TransformersBackend, plain: TransformersBackend, track: boo
         nonlocal compared
         got, want = call(padded), call(plain)
         assert_same(got, want, f"call {compared}")
+        assert padded.batch.length == columns_needed(padded), "the padding rows' columns stayed in the cache"
         if track:
-            assert_rows_close(padded._rows_hidden, plain._rows_hidden, "hidden states")
+            assert torch.allclose(rows_hidden(padded), rows_hidden(plain), atol=1e-5)
         compared += 1
 
     t = plain.cached_len + 1
@@ -119,20 +128,21 @@ def test_a_padded_backend_computes_what_an_unpadded_one_does(track):
     base = tiny_backend(0)
     padded = padded_twin(base)
     assert run_pair(padded, solo_of(base), track) == 7
-    assert padded.padded == 5  # 3, 3, 2, 6 and 2 rows; the pending-only row and the level of 4 are not
+    assert padded.batch.padded == 5  # 3, 3, 2, 6 and 2 rows; the pending-only row and the level of 4 are not
 
 
 def test_padding_rows_real_rows_can_see_are_caught(monkeypatch):
     """Planted fault: the padding rows' columns left open to the real rows of a tree."""
-    original = transformers_module._padded
+    original = transformers_batch.visible_rows
 
-    def open_columns(ids, positions, mask, pad):
-        ids, positions, grown = original(ids, positions, mask, pad)
-        if grown is not None:
-            grown[..., :, -pad:] = 0.0
-        return ids, positions, grown
+    def open_columns(entries, past, width):
+        visible = original(entries, past, width)
+        for j, (_, call) in enumerate(entries):
+            if call is not None:
+                visible[j, : call.rows, past + call.rows :] = True
+        return visible
 
-    monkeypatch.setattr(transformers_module, "_padded", open_columns)
+    monkeypatch.setattr(transformers_batch, "visible_rows", open_columns)
     base = tiny_backend(0)
     with pytest.raises(AssertionError, match="logits differ|argmax"):
         run_pair(padded_twin(base), solo_of(base))
@@ -141,23 +151,22 @@ def test_padding_rows_real_rows_can_see_are_caught(monkeypatch):
 def test_padding_rows_left_in_the_cache_are_caught():
     base = tiny_backend(0)
 
-    class Leaky(TransformersBackend):
-        def _padding(self, rows, keep, before, positions):
-            pad = super()._padding(rows, keep, before, positions)
-            self.leak = pad
-            return pad
+    class Leaky(TransformersBatch):
+        leak = False
 
-        def _crop_to(self, length):
-            if getattr(self, "leak", 0):  # the crop right after a padded forward is skipped
-                self.leak = 0
+        def _padded_width(self, sequences, width, past):
+            padded = super()._padded_width(sequences, width, past)
+            self.leak = padded > width
+            return padded
+
+        def _settle(self):
+            if self.leak:  # the cut right after a padded forward is skipped
+                self.leak = False
                 return
-            super()._crop_to(length)
+            super()._settle()
 
-    leaky = Leaky(base.model, base.tokenizer, base.info)
-    leaky.row_padding = PADDING
-    # caught as logits that differ, or as a tree level whose mask no longer fits the cache
-    with pytest.raises((AssertionError, RuntimeError)):
-        run_pair(leaky, solo_of(base))
+    with pytest.raises(AssertionError, match="padding rows' columns"):
+        run_pair(padded_twin(base, batch_type=Leaky), solo_of(base))
 
 
 def test_greedy_speculation_with_padding_is_plain_decoding():
@@ -189,12 +198,16 @@ def test_a_padded_batch_gives_every_slot_what_a_lone_unpadded_backend_gives(seed
 
 def test_no_padding_past_the_measured_counts_or_the_context():
     base = padded_twin(tiny_backend(0))
-    assert base._padding(11, 11, 0, torch.zeros(1, 11)) == 0  # 11 rows: past the 10 measured
-    assert base._padding(3, 1, 0, torch.zeros(1, 3)) == 0  # an extend reads one row out: not padded
-    assert base._padding(3, 3, 0, None) == 0  # positions left to the model: not padded
+    slots = base.batch
+    assert slots._padded_width(1, 11, 0) == 11  # 11 rows: past the 10 measured
     room = base.info.context_length
-    assert base._padding(3, 3, room - 3, torch.zeros(1, 3)) == 0  # no room for the padding rows
-    assert base._padding(3, 3, room - 4, torch.zeros(1, 3)) == 1
+    assert slots._padded_width(1, 3, room - 3) == 3  # no room for the padding rows
+    assert slots._padded_width(1, 3, room - 4) == 4
+    slots.padded = 0
+    base.extend([1, 2, 3])  # an extend reads one row out: not padded
+    assert slots.padded == 0
+    base.verify(4, chain(base.cached_len + 1, [5, 6]))
+    assert slots.padded == 1
 
 
 def test_a_batch_pads_by_its_models_plan_only_forwards_over_one_sequence():
@@ -274,10 +287,9 @@ def test_the_hidden_states_kept_are_the_rows_read_out():
     base.extend(tokens)
     with torch.inference_mode():
         own = base.model(input_ids=torch.tensor([tokens]), output_hidden_states=True).hidden_states[-1][0]  # [9, d]
-    assert_rows_close(base.frontier_hidden(), own[-1], "frontier")
+    assert np.allclose(base.frontier_hidden(), own[-1].numpy(), atol=1e-5)
     base.verify(3, chain(base.cached_len + 1, [4, 5]))  # 3 rows, padded to 4
     base.commit([0, 1])
     with torch.inference_mode():
         own = base.model(input_ids=torch.tensor([tokens + [3, 4, 5]]), output_hidden_states=True).hidden_states[-1][0]
-    assert base.padded == 1
-    assert_rows_close(base.frontier_hidden(), own[-1], "frontier")
+    assert base.batch.padded == 1 and np.allclose(base.frontier_hidden(), own[-1].numpy(), atol=1e-5)

@@ -104,7 +104,7 @@ def test_greedy_kangaroo_with_reuse_is_plain_decoding(setup):
         assert decoder.generate(prompt).tokens == plain.generate(prompt).tokens
     assert target.reused_total > before  # rounds after the first reused rows
     # the draft keeps rows from the pending position on only (a chain of k = 4): memory does not grow with the text
-    assert len(proposer.draft._shallow) <= 4 + 1
+    assert len(proposer.draft.batch._shallow) <= 4 + 1
 
 
 def test_the_decoder_verifies_with_the_reusing_view_of_the_target(tmp_path):

@@ -16,7 +16,8 @@ import torch
 from scipy.stats import chisquare
 
 from draftwise.backends.base import BackendInfo
-from draftwise.backends.transformers import TorchLogits, TransformersBackend
+from draftwise.backends.transformers import TransformersBackend
+from draftwise.backends.transformers_batch import TorchLogits
 from draftwise.runtime.round import GenerationConfig
 from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.runtime.sampling import SamplingPolicy

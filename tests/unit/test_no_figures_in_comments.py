@@ -18,7 +18,6 @@ import ast
 import io
 import re
 import tokenize
-import warnings
 from pathlib import Path
 
 import pytest
@@ -44,15 +43,6 @@ NOT_FIGURES = {
     ("optimize/acceptance.py", "intervals are Wilson 95%"),  # likewise
     ("bench/peers.py", "repetition_penalty 1.05-1.1"),  # the releases' generation configs
 }
-
-# TEMPORARY: files that were being rewritten elsewhere while the figures were taken out of the
-# others.  Their figures are reported (as a warning) instead of failed on, and a file listed
-# here must still hold one: drop each name once its figures are gone, and then the list.
-PENDING_REWRITE = (
-    "backends/transformers.py",
-    "backends/transformers_batch.py",
-)
-
 
 def comment_lines(source: str) -> list[tuple[int, str]]:
     """(line, text) of every comment and every line of every docstring or bare string statement."""
@@ -91,28 +81,18 @@ def report(found: dict[str, list[tuple[int, str]]]) -> str:
 
 
 def test_no_comment_or_docstring_quotes_a_measured_figure() -> None:
-    found = figures_by_file()
-    pending = {name: figures for name, figures in found.items() if name in PENDING_REWRITE}
-    if pending:
-        warnings.warn("measured figures left in files awaiting their rewrite (PENDING_REWRITE):\n" + report(pending),
-                      stacklevel=1)
-    offenders = {name: figures for name, figures in found.items() if name not in PENDING_REWRITE}
+    offenders = figures_by_file()
     assert not offenders, ("measured figures in comments or docstrings: give the reason in words and point to "
                            "the study under benchmarks/ instead\n" + report(offenders))
 
 
-def test_the_temporary_lists_name_real_files_and_real_phrases() -> None:
-    found = figures_by_file()
-    for name in PENDING_REWRITE:
-        assert (PACKAGE / name).is_file(), f"PENDING_REWRITE names {name}, which is not in src/draftwise"
-        assert name in found, f"{name} holds no measured figure any more: drop it from PENDING_REWRITE"
+def test_the_allow_list_names_real_files_and_real_phrases() -> None:
     for name, phrase in NOT_FIGURES:
         assert phrase in (PACKAGE / name).read_text(encoding="utf-8"), f"NOT_FIGURES: {phrase!r} is not in {name}"
         assert MEASURED_FIGURE.search(phrase), f"NOT_FIGURES: {phrase!r} would pass anyway: drop it"
 
 
-# Lines this checker's rules were written against: the figures taken out of the package (or
-# still in PENDING_REWRITE's files when it was written).
+# Lines this checker's rules were written against: the figures taken out of the package.
 REAL_FIGURES = (
     "Tracking costs a plain step 3-5%",
     "(float32 + bfloat16: 1.5x the float32",

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from draftwise.runtime.contracts import ProbabilitySemantics, ProposalNode, ProposalResult, ProposerContract, SamplingRelation, TopologyKind
-from draftwise.backends.transformers import TorchLogits
+from draftwise.backends.transformers_batch import TorchLogits
 from draftwise.runtime.sampling import SamplingPolicy
 from draftwise.topology.compile import compile_round
 from draftwise.verify.base import NumpyLogits

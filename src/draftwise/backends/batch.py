@@ -5,7 +5,7 @@ single-sequence state model of `draftwise.backends.base`: committed KV rows for 
 tokens, a provisional verify that `commit(slot, rows)` or `rollback(slot)` settles.  What is new
 is `verify_many`: the pending and candidate rows of every call (each for its own slot) are
 evaluated in one forward pass, and no row ever attends to a row of another slot (the linearized
-batch's `origin_request`, `draftwise.batch.BatchRound`, tells whose each row is; the backend's
+batch's `origin_request`, `draftwise.batch.SharedForward`, tells whose each row is; the backend's
 mask follows it).
 
 `SlotView` turns one slot into a `Backend`, so that everything written for one sequence (the

@@ -1,25 +1,18 @@
 """A draft pass through the target's own modules with sublayers skipped (HEADS.md sections 6-8).
 
-`LayerSkipBackend` shares the target's loaded `nn.Module` (no second copy of the weights) and
-runs it sublayer by sublayer: the embedding, the rotary embedding, each layer's
-`input_layernorm` + `self_attn` and `post_attention_layernorm` + `mlp` (each left out where the
-skip set says so: a skipped sublayer adds nothing to the residual stream), then an exit: the
-target's final norm and LM head, or a Kangaroo adapter and the LM head.  No modeling code is
-copied or patched: these are the modules the model's own forward calls, in its order.
-
-State (HEADS.md section 8): the draft keeps its OWN cache, with rows only for the layers whose
-attention it runs (and the adapter's); the target's authoritative cache is never read or
-written.  The backend is the transformers backend's state machine (extend, verify,
-verify_more, commit, rollback, truncate, with explicit position ids and additive 4D masks)
-over that cache, so `DraftModelProposer` drives it as it drives a separate draft model:
-chains with a confidence stop, trees level by level, prefix sync and rollback with the round.
+The pass shares the target's loaded `nn.Module` and runs it sublayer by sublayer, in the
+model's own order (no modeling code copied or patched), leaving out what the skip set says,
+then exits through the final norm or a Kangaroo adapter and the LM head.  Its KV is its own
+(the layers whose attention it runs).  `LayerSkipBatch` runs it on slots (in a batch, every
+request's draft step is one composed forward); `LayerSkipBackend`, a draft backend, is a view
+of a one-slot instance.
 """
 
 from __future__ import annotations
 
 import inspect
 from dataclasses import replace
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 from torch import nn
@@ -27,7 +20,11 @@ from torch import nn
 from draftwise.backends.base import BackendInfo
 from draftwise.errors import BackendError
 from draftwise.backends.transformers import TransformersBackend
+from draftwise.backends.transformers_batch import TransformersBatch
 from draftwise.selfdraft.skipset import SkipSet
+
+# x [d] after the boundary and, per layer below it, (keys [H_kv, D], values [H_kv, D]): one row's shallow state
+ShallowState = tuple[torch.Tensor, tuple[tuple[torch.Tensor, torch.Tensor], ...]]
 
 # the decoder families whose layer is exactly pre-norm attention then pre-norm MLP, each added
 # to the residual stream (checked by the empty-skip test); others are refused, not guessed at
@@ -44,12 +41,101 @@ class DraftExit(Protocol):
         """Cache layers of its own (an adapter's attention), after the model's."""
 
 
-class LayerSkipBackend(TransformersBackend):
-    """The target with `skip` applied, as a draft backend.  `exit`: None = the target's final
-    norm and LM head; else a module mapping the last run layer's residual stream [1, R, d] to
-    the LM head's input (Kangaroo's adapter)."""
+class LayerSkipBatch(TransformersBatch):
+    """`TransformersBatch` whose forward is `draft`'s composed pass (a `LayerSkipBackend`, or
+    what one is made of: its model, tokenizer, info, skip set and exit)."""
 
-    def __init__(self, target: TransformersBackend, skip: SkipSet, exit: DraftExit | None = None,
+    causal_default = False  # the model's forward builds that default, and it is not called
+
+    def __init__(self, draft: Any, max_slots: int = 8) -> None:
+        layers = int(draft.model.config.num_hidden_layers)
+        own = draft.exit.cache_layers() if draft.exit is not None else 0
+        self.skip, self.exit = draft.skip, draft.exit
+        self._held = list(draft.skip.attention_layers) + list(range(layers, layers + own))  # tensor i -> cache layer
+        self._cache_size = layers + own
+        self._attn_kwarg = attention_cache_kwarg(draft.model)
+        # Kangaroo: the boundary at which a lone pass records its rows' shallow states (None: none);
+        # a batch's shared verify runs every request's rows from layer 0, so a batch records nothing
+        self.record_boundary: int | None = None
+        self._shallow: dict[int, ShallowState] = {}  # by position
+        super().__init__(draft, max_slots)
+
+    def _held_layers(self) -> int:
+        return len(self._held)
+
+    def _wrap_cache(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> Any:
+        if self._cache is None:
+            from transformers import DynamicCache
+
+            data: list[tuple[torch.Tensor | None, torch.Tensor | None]] = [(None, None)] * self._cache_size
+            for index, k, v in zip(self._held, keys, values):
+                data[index] = (k[:, :, :0], v[:, :, :0])
+            self._cache = DynamicCache(ddp_cache_data=data)  # a layer without data stays an empty layer
+        for index, k, v in zip(self._held, keys, values):
+            self._cache.layers[index].keys, self._cache.layers[index].values = k, v
+        return self._cache
+
+    def _unwrap_cache(self, cache: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        held = set(self._held)
+        for index, layer in enumerate(cache.layers):
+            if index not in held and isinstance(layer.keys, torch.Tensor) and layer.keys.numel():
+                raise BackendError(f"layer {index}'s attention is skipped, yet the pass wrote KV rows for it")
+        keys, values = [], []
+        for index in self._held:
+            layer = cache.layers[index]
+            if not (isinstance(layer.keys, torch.Tensor) and isinstance(layer.values, torch.Tensor)):
+                raise BackendError(f"the draft pass kept no KV rows for layer {index}")
+            keys.append(layer.keys)
+            values.append(layer.values)
+        return keys, values
+
+    def _model_call(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache: Any,
+                    keep: int, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if hidden:
+            raise BackendError("a layer-skipping draft pass exposes no target hidden states")
+        boundary = self.record_boundary if ids.shape[0] == 1 else None
+        seen = None if boundary is None else (lambda x: self._record(positions[0], x[0], cache, boundary))
+        logits = composed_pass(self.model, self.skip, self.exit, ids, positions, mask, cache, keep, self._attn_kwarg,
+                               boundary, seen)
+        return logits, None  # [B', keep, V]
+
+    def track_hidden(self, slot: int, on: bool = True) -> None:
+        if on:
+            raise BackendError("a layer-skipping draft pass exposes no target hidden states")
+
+    # ---- shallow rows (a verify forward may start at the boundary: backends/shallow_reuse.py) ----
+    def _record(self, positions: torch.Tensor, x: torch.Tensor, cache: Any, boundary: int) -> None:
+        """Rows at `positions` [R]: x [R, d] after the boundary, and the KV rows the layers below
+        it just appended (each [H_kv, D]); copies, since a view would pin every superseded tensor."""
+        rows = x.shape[0]
+        for j, position in enumerate(positions.tolist()):
+            kv = tuple((cache.layers[i].keys[0, :, j - rows].clone(), cache.layers[i].values[0, :, j - rows].clone())
+                       for i in range(boundary))
+            self._shallow[int(position)] = (x[j].clone(), kv)
+
+    def shallow_row(self, slot: int, position: int) -> ShallowState | None:
+        """The shallow state of the row the slot holds at `position` (a chain's column is its
+        position, and every forward records its rows: a row below the slot's end was recorded
+        after any cut), or None."""
+        state = self._slot(slot)
+        return self._shallow.get(position) if position < state.committed + state.rows else None
+
+    def forget_shallow(self, slot: int, below: int) -> None:
+        """Drop the rows before position `below` (committed on the target: never offered again)
+        and those past the slot's end (cut)."""
+        state = self._slot(slot)
+        for position in [p for p in self._shallow if p < below or p >= state.committed + state.rows]:
+            del self._shallow[position]
+
+
+class LayerSkipBackend(TransformersBackend):
+    """The target with `skip` applied, as a draft backend: a view of a one-slot `LayerSkipBatch`.
+    `exit`: None = the target's final norm and LM head; else a module mapping the last run
+    layer's residual stream [B, R, d] to the LM head's input (Kangaroo's adapter)."""
+
+    batch: LayerSkipBatch
+
+    def __init__(self, target: TransformersBackend | TransformersBatch, skip: SkipSet, exit: DraftExit | None = None,
                  label: str = "layer-skip", exit_key: str = "") -> None:
         config = target.model.config
         check_decoder(target.model)
@@ -62,103 +148,37 @@ class LayerSkipBackend(TransformersBackend):
             checkpoint=f"{target.info.checkpoint}#{label}:{skip.digest()[:12]}",
             kv_row_bytes=per_layer * running,
         )
-        super().__init__(target.model, target.tokenizer, info)
-        self.skip = skip
-        self.exit = exit
+        self.skip, self.exit = skip, exit  # what the pass composes (read by LayerSkipBatch)
+        super().__init__(target.model, target.tokenizer, info, LayerSkipBatch)
         # what makes two passes over one model the same draft: the skip set and the exit's weights
         # (`exit_key`: the adapter's manifest hash; a batch shares one pass among its requests by it)
         self.pass_key = f"{self.info.checkpoint}|exit:{exit_key if exit is not None else 'lm-head'}"
-        self._attn_cache_kwarg = attention_cache_kwarg(target.model)
-        # Kangaroo: the layer boundary whose rows a verify may reuse (None: record nothing)
-        self.record_boundary: int | None = None
-        self._shallow: dict[int, tuple[torch.Tensor, tuple[tuple[torch.Tensor, torch.Tensor], ...]]] = {}
 
-    def reset(self) -> None:
-        from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
+    # ---- shallow rows (Kangaroo: a verify may start at the boundary, backends/shallow_reuse.py) ----
+    @property
+    def record_boundary(self) -> int | None:
+        """The layer boundary whose rows this pass records for a verify to reuse (None: none)."""
+        return self.batch.record_boundary
 
-        super().reset()
-        self._shallow = {}
-        cache = DynamicCache(config=self.model.config)
-        for _ in range(self.exit.cache_layers() if self.exit is not None else 0):
-            cache.layers.append(DynamicLayer())  # the adapter's attention: layer index L, L + 1, ...
-        self._cache = cache
+    @record_boundary.setter
+    def record_boundary(self, boundary: int | None) -> None:
+        self.batch.record_boundary = boundary
 
-    def track_hidden(self, on: bool = True) -> None:
-        if on:
-            raise BackendError("a layer-skipping draft pass exposes no target hidden states")
-
-    def _forward(self, ids: list[int], positions: torch.Tensor | None, mask: torch.Tensor | None, keep: int):
-        """Logits [keep, V] of the last `keep` rows of the skipped pass; a failure part way cuts
-        every layer back to the rows it held before (as the target's forward does)."""
-        if self._cache is None:
-            self.reset()
-        self._check_room(len(ids))
-        before = self._committed + self._pending_rows
-        rows = len(ids)
-        if positions is None:
-            positions = torch.arange(before, before + rows, device=self.device)[None]  # [1, R]
-        if mask is None and rows > 1:
-            # the base class leaves chains to the model's causal default; a composed pass
-            # states it: row i sees the cache and rows <= i ([R, before + R])
-            mask = self._additive(torch.arange(before + rows)[None] <= torch.arange(before, before + rows)[:, None])
-        try:
-            with torch.inference_mode():
-                logits = self._skipped_pass(torch.tensor([ids], dtype=torch.long, device=self.device), positions,
-                                            mask, keep)
-        except BaseException:
-            self._crop_to(before)
-            raise
-        self._last_hidden = None
-        return logits  # [keep, V]
-
-    def _skipped_pass(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
-                      keep: int) -> torch.Tensor:
-        boundary = self.record_boundary
-        # Kangaroo: keep the residual stream at the boundary of every row (its shallow feature)
-        seen = None if boundary is None else (lambda x: self._record(positions[0], x[0]))
-        logits = composed_pass(self.model, self.skip, self.exit, input_ids, positions, mask, self._cache, keep,
-                               self._attn_cache_kwarg, boundary, seen)
-        return logits[0]  # [keep, V]
-
-    # ---- shallow rows (a verify forward may start at the boundary: backends/shallow_reuse.py) ----
-    def _record(self, positions: torch.Tensor, x: torch.Tensor) -> None:
-        """Rows at `positions` [R]: x [R, d] after the boundary, and the KV rows the boundary's
-        layers just appended (each [H_kv, R, D])."""
-        rows = x.shape[0]
-        for j, position in enumerate(positions.tolist()):
-            # copies: a view would pin every superseded cache tensor (each extend concatenates anew)
-            kv = tuple((self._cache.layers[i].keys[0, :, j - rows].clone(),
-                        self._cache.layers[i].values[0, :, j - rows].clone())
-                       for i in range(self.record_boundary or 0))
-            self._shallow[int(position)] = (x[j].clone(), kv)
-
-    def shallow_row(self, position: int) -> tuple[torch.Tensor, tuple[tuple[torch.Tensor, torch.Tensor], ...]] | None:
-        """(x [d], per layer below the boundary (keys [H_kv, D], values [H_kv, D])) of the row the
-        draft holds at `position`, or None (not computed, or cut since)."""
-        return self._shallow.get(position) if position < self._committed + self._pending_rows else None
+    def shallow_row(self, position: int) -> ShallowState | None:
+        return self.batch.shallow_row(self.slot, position)
 
     def forget_shallow(self, below: int) -> None:
-        """Drop the recorded rows before position `below` (committed on the target: never offered again)."""
-        for position in [p for p in self._shallow if p < below]:
-            del self._shallow[position]
-
-    def _crop_to(self, length: int) -> None:
-        super()._crop_to(length)
-        for position in [p for p in getattr(self, "_shallow", {}) if p >= length]:
-            del self._shallow[position]
+        self.batch.forget_shallow(self.slot, below)
 
 
-def draft_pass_host(target: object) -> TransformersBackend | None:
-    """The transformers backend whose loaded model a draft pass composes for `target`: the target
-    itself, or, for a slot of a transformers batch (or the batch), the backend the batch shares;
-    None where there is none (llama.cpp).  In a batch the requests' passes over it share one
-    composed batch (`backends/layer_skip_batch.py`): the weights are shared, each request's draft
-    rows are its own slot's."""
+def draft_pass_host(target: object) -> TransformersBackend | TransformersBatch | None:
+    """What a draft pass composes the loaded model of for `target`: the target itself, or, for a
+    slot of a transformers batch (or the batch), the batch; None where there is none (llama.cpp).
+    In a batch the requests' passes share one composed batch (`backends/layer_skip_batch.py`)."""
     if isinstance(target, TransformersBackend):
         return target
-    backend = getattr(getattr(target, "batch", target), "backend", None)
-    return backend if isinstance(backend, TransformersBackend) else None
+    batch = getattr(target, "batch", target)
+    return batch if isinstance(batch, TransformersBatch) else None
 
 
 def composed_pass(model: nn.Module, skip: SkipSet, exit: DraftExit | None, input_ids: torch.Tensor,

@@ -117,11 +117,9 @@ def draft_batch(draft: Backend, max_slots: int) -> DraftBatch:
         raise InputError(f"a draft model drafts for the requests of a batch on the transformers and llama.cpp "
                          f"backends, not {draft.info.name}: decode these requests one at a time, or batch them "
                          "with prompt-lookup")
-    from draftwise.backends.layer_skip import LayerSkipBackend
+    from draftwise.backends.layer_skip import LayerSkipBackend, LayerSkipBatch
 
     if isinstance(draft, LayerSkipBackend):  # a composed pass batches as itself, not as the model it skips in
-        from draftwise.backends.layer_skip_batch import LayerSkipBatch
-
         return LayerSkipBatch(draft, max_slots)
     return TransformersBatch.from_backend(draft, max_slots)
 

@@ -193,7 +193,8 @@ def open_kangaroo(config: KangarooConfig, resources: DrafterResources) -> SelfDr
     # in a batch the slot verifies as it is: the shared forward runs every request's rows from
     # layer 0, so no verify starts at the boundary (`reuse` applies to a request alone)
     verifying: object = resources.target
-    if resources.target is target and config.reuse and config.tree is None and not isinstance(target, ShallowReuseBackend):
+    if (resources.target is target and isinstance(target, TransformersBackend) and config.reuse and config.tree is None
+            and not isinstance(target, ShallowReuseBackend)):
         verifying = ShallowReuseBackend.of(target)  # the same loaded model; the engine verifies with this view
     # in a batch the pass is shared: every request's draft step runs in one composed forward
     drafting = draft if resources.passes is None else resources.passes.slot(draft)
