@@ -1,4 +1,4 @@
-"""A draft pass through the target's own modules with sublayers skipped (HEADS.md sections 6-8).
+"""A draft pass through the target's own modules with sublayers skipped (docs/drafters.md, "Self-speculation").
 
 The pass shares the target's loaded `nn.Module` and runs it sublayer by sublayer, in the
 model's own order (no modeling code copied or patched), leaving out what the skip set says,

@@ -1,4 +1,4 @@
-"""Kangaroo's shallow-feature reuse (HEADS.md sections 7 and 8): a chain verify that starts at
+"""Kangaroo's shallow-feature reuse (docs/drafters.md, "Kangaroo"): a chain verify that starts at
 the declared layer boundary for the rows whose shallow states the draft already computed (the
 target's own first l layers on the same tokens and positions).  A row is reused only where
 `may_reuse` holds: every metadata field of the offered row equals the one the target wants.
@@ -22,7 +22,7 @@ from draftwise.topology.compile import CompiledRound
 
 @dataclass(frozen=True)
 class ShallowMeta:
-    """What must be equal for a shallow row to stand in for the target's own (HEADS.md section 8)."""
+    """What must be equal for a shallow row to stand in for the target's own (docs/drafters.md, "Kangaroo")."""
 
     checkpoint: str
     boundary: int  # layers below it are the shallow ones
