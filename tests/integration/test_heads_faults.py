@@ -87,7 +87,13 @@ class WrongDepthMedusa(HeadsProposer):
     """Children below depth 1 are drawn from their own head's q, but recorded with depth 1's."""
 
     def propose(self, context, manifest_hash, max_depth=None):
-        result = super().propose(context, manifest_hash, max_depth)
+        return self._bent(super().propose(context, manifest_hash, max_depth))
+
+    def drafting(self, context, manifest_hash, max_depth=None):  # the engine's rounds draft here
+        return self._bent((yield from super().drafting(context, manifest_hash, max_depth)))
+
+    @staticmethod
+    def _bent(result):
         if not result.nodes:
             return result
         dists = {p: result.distributions[-1] for p in result.distributions}
