@@ -284,3 +284,23 @@ def test_shipped_heads_on_llamacpp_match_plain_on_ten_spec_bench_prompts(backend
         assert_matches_plain(backend, prompt, result.tokens, reference)
         accepted += sum(r.accepted for r in result.records)
     assert accepted > 0  # trained heads: some drafts of the ten prompts were right
+
+
+def test_heads_draft_for_a_llamacpp_batch_and_part_from_plain_only_at_near_ties(backend):
+    """llama.cpp batch slots keep their own hidden states, so the shipped heads run in a batch:
+    alone, a request's greedy answer is plain decoding's; in a batch (a tree's leaves share one
+    unified cache, whose rows may round differently) it parts from it only at near-ties, and the
+    heads' drafts are accepted somewhere."""
+    import draftwise
+    from draftwise.spec import DecoderSpec
+    from tests.integration.test_batch_engine import assert_parts_only_at_near_ties, llamacpp_prompts
+
+    prompts = llamacpp_prompts(backend)
+    spec = DecoderSpec(backend="llamacpp", threads=backend.n_threads, generation=GenerationConfig(max_new_tokens=16))
+    decoder = draftwise.open_decoder(spec, proposer="hydra", loader=lambda *_: backend)
+    plain = [decoder.plain().generate(p).tokens for p in prompts]
+    assert [decoder.generate(p).tokens for p in prompts] == plain
+    shared = decoder.generate_many(prompts, max_batch=3)
+    assert all(not isinstance(r, BaseException) for r in shared), shared
+    assert sum(sum(r.from_draft) for r in shared) > 0
+    assert_parts_only_at_near_ties(backend, decoder.spec, prompts, shared)
