@@ -25,7 +25,7 @@ from draftwise.backends.base import (
     check_path,
     tokenizer_fingerprint,
 )
-from draftwise.backends.batch import DraftCall, Extend, GrowRound, VerifyCall, check_calls
+from draftwise.backends.batch import DraftCall, DraftSlot, Extend, GrowRound, HiddenSlotView, VerifyCall, check_calls
 from draftwise.backends.llamacpp_text import detokenize, model_meta, render_chat, tokenize, vocab_texts
 from draftwise.backends.llamacpp_tokens import TokenArrays
 from draftwise.runtime.logits import NumpyLogits
@@ -769,13 +769,14 @@ class LlamaCppBatch:
         return tokenize(vocab, text, add_special=False)  # the template writes its own special tokens
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(HiddenSlotView):
     """A single-sequence `Backend` on llama.cpp: the one slot of a one-slot `LlamaCppBatch`, whose
     verify reads a prompt (`unread`) in decodes of its own; every method forwards to it."""
 
+    batch: LlamaCppBatch
+
     def __init__(self, batch: LlamaCppBatch) -> None:
-        self.batch = batch
-        self.slot = batch.open()
+        super().__init__(batch, batch.open())
 
     @classmethod
     def load(cls, model: ResolvedModel, n_threads: int | None = None, n_ctx: int = 4096,
@@ -796,7 +797,7 @@ class LlamaCppBackend:
         go when the backend is collected."""
         self.batch.free()
 
-    @property
+    @property  # type: ignore[override]
     def info(self) -> BackendInfo:
         return self.batch.info
 
@@ -816,61 +817,11 @@ class LlamaCppBackend:
     def max_tree_leaves(self) -> int:
         return self.batch.max_tree_leaves
 
-    @property
-    def n_threads(self) -> int:
-        return self.batch.n_threads
-
-    @property
-    def cached_len(self) -> int:
-        return self.batch.cached_len(self.slot)
-
     def cap_verify_rows(self, rows: int) -> None:
         self.batch.cap_verify_rows(rows)
 
-    def reserve(self, tree_rows: int) -> None:
-        self.batch.reserve(self.slot, tree_rows)
-
-    def reset(self) -> None:
-        self.batch.reset(self.slot)
-
-    def extend(self, tokens: Sequence[int]) -> NumpyLogits:
-        return self.batch.draft_many([Extend(self.slot, tuple(int(t) for t in tokens))])[0]
-
-    def verify(self, pending: int, round_: CompiledRound | None, unread: Sequence[int] = ()) -> NumpyLogits:
-        return self.batch.verify_many([VerifyCall(self.slot, int(pending), round_, tuple(int(t) for t in unread))])[0]
-
-    def verify_more(self, round_: CompiledRound, first_row: int) -> NumpyLogits:
-        return self.batch.draft_many([GrowRound(self.slot, round_, first_row)])[0]
-
-    def commit(self, accepted_rows: Sequence[int]) -> None:
-        self.batch.commit(self.slot, accepted_rows)
-
-    def rollback(self) -> None:
-        self.batch.rollback(self.slot)
-
-    def truncate(self, length: int) -> None:
-        self.batch.truncate(self.slot, length)
-
-    def kv_bytes(self) -> int:
-        return self.batch.kv_bytes(self.slot)
-
-    def track_hidden(self, on: bool = True) -> None:
-        self.batch.track_hidden(self.slot, on)
-
-    def frontier_hidden(self) -> np.ndarray | None:
-        return self.batch.frontier_hidden(self.slot)
-
-    def token_weights(self) -> TokenWeights:
-        return self.batch.token_weights()
-
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        return self.batch.tokenize(text, add_special)
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return self.batch.detokenize(tokens)
-
-    def chat_prompt(self, messages: Sequence[dict]) -> list[int]:
-        return self.batch.chat_prompt(messages)
+    extend = DraftSlot.extend
+    verify_more = DraftSlot.verify_more
 
 
 def _pack(plans: list[_Planned], capacity: int) -> list[list[_Planned]]:
