@@ -1,11 +1,15 @@
-"""Two versions of draftwise side by side: the same methods, prompts and batch sizes, each pass a
-fresh process per version, the versions interleaved (the one that goes first alternating).
+"""Two versions of draftwise side by side: the same methods, prompts and batch sizes, each version
+a long-lived process, the versions alternating group by group.
 
-Each process loads the target once, warms up on one prompt, then decodes the first turn of every
-question of the workload with each method: at B = 1 through the public `Decoder.generate` (a
-request alone) and at every B > 1 through `Decoder.generate_many(max_batch=B)` (a closed batch).
-Per method and B: tok/s of each version (median of the passes, range), the new / base ratio per
-pass (median, range), and whether the outputs agree.  Writes results.json and report.md.
+Each version's process loads the target once and opens every method's decoder (warming each up on
+one prompt: any first-use measurement happens there).  Then, per pass, method and B, the workload's
+prompts go in groups of B: each group is decoded by one version and then by the other (which goes
+first alternates by group and by pass), at B = 1 through the public `Decoder.generate` (a request
+alone) and at B > 1 through `Decoder.generate_many(max_batch=B)` (one closed batch).  A group takes
+a second or so, so the two versions' timings of it are seconds apart and a machine's drift reaches
+both.  Per method and B: tok/s of each version over the workload (median of the passes, range),
+the new / base ratio per pass (median, range), and whether the outputs agree.  Writes summary.json
+and report.md.
 
     .venv/bin/python benchmarks/batch_throughput/versions_ab.py --base /path/to/base/checkout \\
         --new . --backend transformers --out DIR
@@ -29,7 +33,9 @@ LLAMACPP_LOOKUP = {"lookup": "10", "ngram": "2", "candidates": "1"}
 
 
 def worker(args: argparse.Namespace) -> None:
-    """One version's pass (run with that version's sources first on the path): JSON on stdout."""
+    """One version's process (its sources first on the path): loads, opens the methods' decoders,
+    says "ready", then answers one JSON line per request line: {"method", "batch", "prompts": [i]}
+    -> {"tokens", "seconds", "outputs"}."""
     from draftwise.api import open_decoder
     from draftwise.backends.load import load_backend
     from draftwise.parse import spec_from_options
@@ -40,38 +46,61 @@ def worker(args: argparse.Namespace) -> None:
         from draftwise.runtime.round import GenerationConfig
     except ImportError:  # the base version's module path
         from importlib import import_module
-        GenerationConfig = import_module("draftwise.engine").GenerationConfig  # the base version's module path
+        GenerationConfig = import_module("draftwise.engine").GenerationConfig
     target = load_backend(args.target, args.backend, args.threads)
     base = DecoderSpec(target=args.target, backend=args.backend, threads=args.threads,
                        generation=GenerationConfig(max_new_tokens=args.max_new))
-    prompts = first_turn_prompts(target.chat_prompt, args.workload)
-    cells = []
+    prompts = [list(p) for p in first_turn_prompts(target.chat_prompt, args.workload)]
+    decoders = {}
     for method in args.methods.split(","):
         options = {**METHODS[method], **(LLAMACPP_LOOKUP if args.backend == "llamacpp" and method != "plain" else {})}
-        decoder = open_decoder(spec_from_options(options, base), loader=lambda *_: target)
-        decoder.generate(list(prompts[0]))  # warm-up (and any first-use measurement)
-        for batch in (int(b) for b in args.batches.split(",")):
-            start = time.perf_counter()
-            if batch == 1:
-                outputs = [list(decoder.generate(list(p)).tokens) for p in prompts]
-            else:
-                results = decoder.generate_many([list(p) for p in prompts], max_batch=batch)
-                outputs = [list(r.tokens) if not isinstance(r, BaseException) else [] for r in results]
-            seconds = time.perf_counter() - start
-            tokens = sum(len(o) for o in outputs)
-            cells.append({"method": method, "batch": batch, "tokens": tokens, "seconds": seconds,
-                          "tok_s": tokens / seconds, "outputs": outputs})
-    print(json.dumps(cells))
+        decoders[method] = open_decoder(spec_from_options(options, base), loader=lambda *_: target)
+        decoders[method].generate(prompts[0])  # warm-up (and any first-use measurement)
+    print(json.dumps({"ready": len(prompts)}), flush=True)
+    for line in sys.stdin:
+        ask = json.loads(line)
+        decoder, group = decoders[ask["method"]], [prompts[i] for i in ask["prompts"]]
+        start = time.perf_counter()
+        if ask["batch"] == 1:
+            outputs = [list(decoder.generate(p).tokens) for p in group]
+        else:
+            results = decoder.generate_many(group, max_batch=ask["batch"])
+            outputs = [list(r.tokens) if not isinstance(r, BaseException) else [] for r in results]
+        seconds = time.perf_counter() - start
+        print(json.dumps({"tokens": sum(len(o) for o in outputs), "seconds": seconds, "outputs": outputs}), flush=True)
 
 
-def run_pass(checkout: Path, args: argparse.Namespace) -> list[dict]:
-    env = {**os.environ, "PYTHONPATH": str(checkout / "src")}
-    command = [sys.executable, __file__, "--worker", "--backend", args.backend, "--target", args.target,
-               "--workload", args.workload, "--methods", args.methods, "--batches", args.batches,
-               "--max-new", str(args.max_new), "--threads", str(args.threads), "--out", str(args.out)]
-    done = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
-    cells: list[dict] = json.loads(done.stdout.strip().splitlines()[-1])
-    return cells
+class Version:
+    """A worker process running one checkout."""
+
+    def __init__(self, checkout: Path, args: argparse.Namespace) -> None:
+        env = {**os.environ, "PYTHONPATH": str(checkout / "src")}
+        command = [sys.executable, __file__, "--worker", "--backend", args.backend, "--target", args.target,
+                   "--workload", args.workload, "--methods", args.methods, "--max-new", str(args.max_new),
+                   "--threads", str(args.threads), "--out", str(args.out)]
+        self.process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.prompts = int(self._read()["ready"])
+
+    def _read(self) -> dict:
+        assert self.process.stdout is not None
+        while True:
+            line = self.process.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the worker stopped (exit {self.process.wait()})")
+            if line.startswith("{"):
+                answer: dict = json.loads(line)
+                return answer
+
+    def ask(self, method: str, batch: int, prompts: list[int]) -> dict:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps({"method": method, "batch": batch, "prompts": prompts}) + "\n")
+        self.process.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait()
 
 
 def spread(values: list[float], digits: int = 2) -> str:
@@ -99,15 +128,35 @@ def main(argv: list[str] | None = None) -> None:
         return
     args.out.mkdir(parents=True, exist_ok=True)
     versions = {"base": args.base.resolve(), "new": args.new.resolve()}
+    workers = {name: Version(path, args) for name, path in versions.items()}
+    n = workers["base"].prompts
     passes: list[dict] = []
     for repeat in range(args.repeats):
-        for name in (("base", "new") if repeat % 2 == 0 else ("new", "base")):
-            cells = run_pass(versions[name], args)
-            passes.append({"version": name, "repeat": repeat, "cells": cells})
-            print(f"pass {repeat} {name}: " + ", ".join(f"{c['method']} B={c['batch']} {c['tok_s']:.2f}" for c in cells),
-                  flush=True)
+        cells = {name: [] for name in workers}
+        for method in args.methods.split(","):
+            for batch in (int(b) for b in args.batches.split(",")):
+                totals = {name: {"method": method, "batch": batch, "tokens": 0, "seconds": 0.0, "outputs": []}
+                          for name in workers}
+                for g, first in enumerate(range(0, n, batch)):
+                    group = list(range(first, min(first + batch, n)))
+                    order = ("base", "new") if (g + repeat) % 2 == 0 else ("new", "base")
+                    for name in order:
+                        answer = workers[name].ask(method, batch, group)
+                        totals[name]["tokens"] += answer["tokens"]
+                        totals[name]["seconds"] += answer["seconds"]
+                        totals[name]["outputs"] += answer["outputs"]
+                for name, cell in totals.items():
+                    cell["tok_s"] = cell["tokens"] / cell["seconds"]
+                    cells[name].append(cell)
+        for name in workers:
+            passes.append({"version": name, "repeat": repeat, "cells": cells[name]})
+        print(f"pass {repeat}: " + ", ".join(
+            f"{c['method']} B={c['batch']} {c['tok_s']:.2f}/{d['tok_s']:.2f}" for c, d in zip(cells["base"], cells["new"])),
+            flush=True)
+    for w in workers.values():
+        w.close()
     rows, lines = [], [f"# Versions A/B ({args.target}, {args.backend}, {args.workload} first turns, {args.max_new} new "
-                       f"tokens, {args.threads} threads, {args.repeats} interleaved passes)", "",
+                       f"tokens, {args.threads} threads, {args.repeats} passes, versions alternating by group of B prompts)", "",
                        f"base: {versions['base']}; new: {versions['new']}", "",
                        "| method | B | base tok/s (median, range) | new tok/s (median, range) | new / base per pass "
                        "(median, range) | outputs the same (per pass) |", "|---|---|---|---|---|---|"]
