@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from draftwise.api import open_decoder
-from draftwise.backends.load import load_backend
-from draftwise.backends.profile import machine_description
+from draftwise.measure.load import load_backend
+from draftwise.measure.profile import machine_description
 from draftwise.bench.study import read_noise, write_study
 from draftwise.runtime.round import GenerationConfig
 from draftwise.parse import spec_from_options

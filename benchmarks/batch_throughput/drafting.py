@@ -37,7 +37,8 @@ from pathlib import Path
 
 import torch
 
-from draftwise.backends.load import load_backend, open_batch
+from draftwise.backends.load import open_batch
+from draftwise.measure.load import load_backend
 from draftwise.runtime.engine import Engine
 from draftwise.build import batch_decoder, build_decoder
 from draftwise.runtime.round import GenerationConfig

@@ -25,7 +25,7 @@ import torch
 
 from draftwise.backends.batch import Extend
 from draftwise.backends.layer_skip_batch import LayerSkipBatch
-from draftwise.backends.load import load_backend
+from draftwise.measure.load import load_backend
 from draftwise.bench.study import write_study
 from draftwise.build import make_proposers
 from draftwise.runtime.round import GenerationConfig

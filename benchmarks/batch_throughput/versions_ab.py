@@ -36,8 +36,9 @@ def worker(args: argparse.Namespace) -> None:
     """One version's process (its sources first on the path): loads, opens the methods' decoders,
     says "ready", then answers one JSON line per request line: {"method", "batch", "prompts": [i]}
     -> {"tokens", "seconds", "outputs"}."""
+    from importlib import import_module
+
     from draftwise.api import open_decoder
-    from draftwise.backends.load import load_backend
     from draftwise.parse import spec_from_options
     from draftwise.spec import DecoderSpec
     from draftwise.workloads import first_turn_prompts
@@ -45,8 +46,11 @@ def worker(args: argparse.Namespace) -> None:
     try:
         from draftwise.runtime.round import GenerationConfig
     except ImportError:  # the base version's module path
-        from importlib import import_module
         GenerationConfig = import_module("draftwise.engine").GenerationConfig
+    try:
+        from draftwise.measure.load import load_backend
+    except ImportError:  # a base version from before measure/
+        load_backend = import_module("draftwise.backends.load").load_backend
     target = load_backend(args.target, args.backend, args.threads)
     base = DecoderSpec(target=args.target, backend=args.backend, threads=args.threads,
                        generation=GenerationConfig(max_new_tokens=args.max_new))

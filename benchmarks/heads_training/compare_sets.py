@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from draftwise.backends.load import load_backend
+from draftwise.measure.load import load_backend
 from draftwise.heads.arch import DraftVocab
 from draftwise.heads.artifact import load_heads
 from draftwise.training.hidden_cache import load_stream

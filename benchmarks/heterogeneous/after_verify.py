@@ -16,7 +16,7 @@ import sys
 import time
 
 from draftwise.api import open_decoder
-from draftwise.backends.profile import chain_round
+from draftwise.measure.profile import chain_round
 
 PROMPT = ("Solve: a train leaves at 3pm going 60 mph; another leaves at 4pm going 80 mph. "
           "When does the second catch up?")

@@ -11,7 +11,7 @@ import statistics
 import sys
 import time
 
-from draftwise.backends.load import load_backend
+from draftwise.measure.load import load_backend
 
 MODES = {"off": (False, False), "hidden": (True, False), "context": (True, True)}  # (track_hidden, track_context)
 

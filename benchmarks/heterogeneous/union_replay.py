@@ -31,7 +31,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from draftwise.backends.load import load_backend
+from draftwise.measure.load import load_backend
 from draftwise.build import fitted_generation, make_proposers
 from draftwise.runtime.cost_profile import VerifyCostProfile
 from draftwise.runtime.round import GenerationConfig

@@ -15,10 +15,10 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from draftwise.backends.invariance import probe_batch_invariance
+from draftwise.measure.invariance import probe_batch_invariance
 from draftwise.backends.llamacpp import LlamaCppBatch
-from draftwise.backends.load import load_backend
-from draftwise.backends.profile import machine_description
+from draftwise.measure.load import load_backend
+from draftwise.measure.profile import machine_description
 
 
 def main(argv: list[str]) -> None:

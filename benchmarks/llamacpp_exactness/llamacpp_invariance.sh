@@ -18,7 +18,7 @@ done
 .venv/bin/python - "$out" <<'PY'
 import sys
 from pathlib import Path
-from draftwise.backends.invariance import InvarianceProbe
+from draftwise.measure.invariance import InvarianceProbe
 from draftwise.bench.plots import plot_invariance
 root = Path(sys.argv[1])
 for target in ("smollm2-135m", "qwen2.5-coder-1.5b"):

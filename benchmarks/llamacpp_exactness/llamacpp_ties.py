@@ -16,9 +16,9 @@ import argparse
 import json
 from pathlib import Path
 
-from draftwise.backends.invariance import SHAPES, cached_probe, find_divergence
+from draftwise.measure.invariance import SHAPES, cached_probe, find_divergence
 from draftwise.bench.main import finish
-from draftwise.backends.load import load_backend
+from draftwise.measure.load import load_backend
 from draftwise.workloads import messages_for, parse_workloads
 
 

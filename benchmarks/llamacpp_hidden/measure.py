@@ -1,6 +1,6 @@
 """What tracking hidden states (draft heads) costs a llama.cpp verify.
 
-Two backends on the embedded SmolLM2-135M GGUF, loaded alike (`draftwise.backends.load.load_backend`),
+Two backends on the embedded SmolLM2-135M GGUF, loaded alike (`draftwise.measure.load.load_backend`),
 one of them tracking hidden states (`track_hidden`: embeddings on for every verify decode, the
 final-norm rows copied beside the logits).  Both hold the same ~256-token prefix; each verify
 is a chain round of N candidate rows after the pending token (1 + N rows), rolled back after
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from draftwise.backends.load import load_backend
+from draftwise.measure.load import load_backend
 from draftwise.runtime.contracts import ProbabilitySemantics, ProposalNode, ProposalResult, ProposerContract
 from draftwise.runtime.contracts import SamplingRelation, TopologyKind
 from draftwise.data import spec_bench_questions

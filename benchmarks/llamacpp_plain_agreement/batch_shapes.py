@@ -18,7 +18,7 @@ import json
 
 import numpy as np
 
-from draftwise.backends.load import load_backend
+from draftwise.measure.load import load_backend
 from draftwise.workloads import first_turn_prompts
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from draftwise.backends.load import load_backend
+from draftwise.measure.load import load_backend
 from draftwise.workloads import messages_for, parse_workload
 
 sys.path.insert(0, str(Path(__file__).parent))

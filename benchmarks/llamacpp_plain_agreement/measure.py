@@ -170,7 +170,7 @@ def main() -> None:
                          if captured[other].get(k) != v}
                  for other in ("llama_cpp_python", "llama_cpp_python_feed_draftwise")}
     # a second, private draftwise backend for the low-level runs (the bench's stays untouched)
-    from draftwise.backends.load import load_backend
+    from draftwise.measure.load import load_backend
     backend = load_backend(args.model, "llamacpp", args.threads)
     eos = backend.info.eos_token_ids
 

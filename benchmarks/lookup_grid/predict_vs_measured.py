@@ -34,7 +34,7 @@ from pathlib import Path
 from draftwise.artifacts import stable_hash
 from draftwise.bench.methods import MethodDefaults, parse_method
 from draftwise.workloads import messages_for, parse_workloads
-from draftwise.backends.load import load_backend
+from draftwise.measure.load import load_backend
 from draftwise.plan import branches
 from draftwise.parse import spec_from_options
 from draftwise.spec import CALIBRATION_WORKLOAD, DecoderSpec, GateProfile

@@ -1,4 +1,4 @@
-"""Verify forwards padded to the row count measured fastest (`backends/row_padding.py`) against
+"""Verify forwards padded to the row count measured fastest (`measure/row_padding.py`) against
 the same decoders unpadded, side by side on one loaded model (transformers, float32).
 
 Each method decodes the first turn of every question of the workload with padding on and off
@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 from draftwise.api import open_decoder
-from draftwise.backends.load import load_backend
-from draftwise.backends.profile import machine_description
+from draftwise.measure.load import load_backend
+from draftwise.measure.profile import machine_description
 from draftwise.bench.study import read_noise, write_study
 from draftwise.runtime.round import GenerationConfig
 from draftwise.parse import spec_from_options

@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 from draftwise.api import open_decoder
-from draftwise.backends.dtype import DtypeTiming, cpu_bf16_flags, time_one_row_steps
-from draftwise.backends.profile import machine_description, profile_verify_cost
-from draftwise.backends.load import load_backend
+from draftwise.measure.dtype import DtypeTiming, cpu_bf16_flags, time_one_row_steps
+from draftwise.measure.profile import machine_description, profile_verify_cost
+from draftwise.measure.load import load_backend
 from draftwise.runtime.round import GenerationConfig
 from draftwise.spec import DecoderSpec
 from draftwise.workloads import messages_for, parse_workload

@@ -35,7 +35,7 @@ import numpy as np
 
 from draftwise.bench.plots import plot_speedup_grid
 from draftwise.workloads import messages_for, parse_workload
-from draftwise.backends.load import load_backend
+from draftwise.measure.load import load_backend
 from draftwise.runtime.round import GenerationConfig
 from draftwise.runtime.decoder import SpeculativeDecoder
 from draftwise.optimize.acceptance import AcceptanceProfile

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from draftwise.backends.load import Loader
+from draftwise.measure.load import Loader
 from draftwise.build import Decoder, Prompt, build
 from draftwise.parse import spec_from_options
 from draftwise.plan import plan

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Sequence, cast
 
 from draftwise.backends.base import Backend
 from draftwise.backends.dtype import DtypeChoice
-from draftwise.backends.load import Loader, default_loader
+from draftwise.measure import auto_cache_root
+from draftwise.measure.load import Loader, default_loader
 from draftwise.build import Plan
 from draftwise.errors import InputError
-from draftwise.models import cache_dir
 from draftwise.preflight import preflight
 from draftwise.proposers.kangaroo import AutoAdapter, AutoEta, KangarooConfig
 from draftwise.spec import (CALIBRATION_WORKLOAD, AutoDrafter, AutoGate, Choice, DecoderSpec, DrafterSpec, GateProfile,
@@ -38,10 +38,6 @@ if TYPE_CHECKING:
     from draftwise.optimize.kangaroo_tune import Measure
 
 log = logging.getLogger(__name__)  # progress lines (the CLI shows INFO)
-
-def auto_cache_root() -> Path:
-    return cache_dir().parent / "auto"
-
 
 def plan(spec: DecoderSpec, loader: Loader | None = None, calibration: str = CALIBRATION_WORKLOAD,
          cache_root: Path | None = None) -> Plan:
@@ -133,8 +129,9 @@ def resolve(spec: DecoderSpec, target: Backend, draft: Backend | None = None,
 
 def _record_dtype(spec: DecoderSpec, target: Backend, draft: Backend | None, choices: list[Choice]) -> DecoderSpec:
     """`dtype auto` became the dtype the target was loaded in (the loader measured it, see
-    `draftwise.backends.dtype`); the choice is recorded with the measurement it came from."""
-    from draftwise.backends.dtype import CONCRETE_DTYPES, recorded_decision
+    `draftwise.measure.dtype`); the choice is recorded with the measurement it came from."""
+    from draftwise.backends.dtype import CONCRETE_DTYPES
+    from draftwise.measure.dtype import recorded_decision
 
     if target.info.dtype not in CONCRETE_DTYPES:
         raise InputError(f"dtype auto chooses the transformers backend's dtype; the {target.info.name} target "

@@ -28,7 +28,7 @@ from draftwise.proposers.registry import DRAFTERS
 from draftwise.topology.compile import TreeLimits
 
 if TYPE_CHECKING:
-    from draftwise.backends.invariance import StrictScope
+    from draftwise.backends.base import StrictScope
 
 # the prompts `--proposer auto` and `--tree auto` calibrate on: code and everyday chat, neither in a
 # benchmark workload (calibrating on code alone ranked prompt lookup above its unions with heads,

@@ -128,7 +128,7 @@ class RecordingBackend:
 def test_profile_spreads_its_repeats_over_shuffled_passes():
     """A slow spell of a shared machine must not land on every sample of one row count: after a
     warm-up pass, each timed pass verifies every n once, in its own order."""
-    from draftwise.backends.profile import profile_verify_cost
+    from draftwise.measure.profile import profile_verify_cost
 
     rows, repeats = (1, 2, 3, 4), 4
     recorder = RecordingBackend(tiny_backend(0))
@@ -147,7 +147,7 @@ def test_profile_spreads_its_repeats_over_shuffled_passes():
 def test_a_profile_sampled_the_old_way_is_measured_again(tmp_path):
     """A cached profile whose repeats ran back to back (no `sampling` in its provenance) is
     remeasured with shuffled passes, not reused."""
-    from draftwise.backends.profile import SAMPLING
+    from draftwise.measure.profile import SAMPLING
     from draftwise.optimize.auto import ensure_profile
     from draftwise.runtime.cost_profile import VerifyCostProfile
 
@@ -169,7 +169,7 @@ def test_a_profile_sampled_the_old_way_is_measured_again(tmp_path):
 def test_an_extend_profile_times_catch_ups_not_verifies():
     """`extend=True` (a draft's catch-up): n tokens extended with the last row's logits, then
     truncated back, so every sample sits on the same prefix; no verify is timed."""
-    from draftwise.backends.profile import EXTEND_SHAPE, profile_verify_cost, write_profile
+    from draftwise.measure.profile import EXTEND_SHAPE, profile_verify_cost, write_profile
 
     rows, repeats = (1, 2, 3), 2
     recorder = RecordingBackend(tiny_backend(0))
@@ -193,7 +193,7 @@ def test_an_extend_profile_times_catch_ups_not_verifies():
 def test_a_profile_measured_while_the_machine_was_busy_is_never_reused(tmp_path, reliable, measured_again):
     """A cached profile whose repeats disagreed (`reliable: false`) is measured again; one whose
     repeats agreed, or of single repeats (that cannot tell), is reused."""
-    from draftwise.backends.profile import SAMPLING
+    from draftwise.measure.profile import SAMPLING
     from draftwise.runtime.cost_profile import VerifyCostProfile
     from draftwise.optimize.auto import ensure_profile
 

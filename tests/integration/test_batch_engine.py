@@ -397,7 +397,8 @@ def test_llamacpp_batches_every_request_and_parts_from_plain_only_at_near_ties()
     (`invariance.probe_batch_invariance`), so a batched greedy answer may part from the
     request's own plain answer, but only where the two tokens are a near-tie for the target."""
     pytest.importorskip("llama_cpp")
-    from draftwise.backends.load import load_backend, open_batch
+    from draftwise.backends.load import open_batch
+    from draftwise.measure.load import load_backend
 
     target = load_backend("smollm2-135m", "llamacpp", threads=2)
     spec = make_spec(GenerationConfig(max_new_tokens=16), proposer="prompt-lookup", backend="llamacpp")
@@ -440,7 +441,8 @@ def test_a_llamacpp_draft_model_drafts_for_the_whole_batch_in_one_decode_per_ste
     from the request's plain answer only at near-ties.  The draft is the target's own weights:
     every draft is accepted unless rounding parts them, so each round drafts as deep as it may."""
     pytest.importorskip("llama_cpp")
-    from draftwise.backends.load import load_backend, open_batch
+    from draftwise.backends.load import open_batch
+    from draftwise.measure.load import load_backend
 
     target = load_backend("smollm2-135m", "llamacpp", threads=2)
     draft = load_backend("smollm2-135m", "llamacpp", threads=2)

@@ -260,7 +260,7 @@ def test_first_round_reads_the_prompt_as_unread_rows(backend, prompt):
 
 
 def test_a_chain_only_context_profiles_chains_and_grows_its_sequences_for_trees():
-    from draftwise.backends.profile import profile_verify_cost
+    from draftwise.measure.profile import profile_verify_cost
 
     chain_only = LlamaCppBackend.load(resolve("smollm2-135m"), n_threads=1, n_ctx=512, max_tree_leaves=0)
     measured = profile_verify_cost(chain_only, prefix_len=32, rows=(1, 3, 6), repeats=1, chain=True)

@@ -22,7 +22,7 @@ llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not ins
 
 from draftwise.backends.base import BackendError, ContextOverflow  # noqa: E402
 from draftwise.backends.batch import Extend, GrowRound, SlotView, VerifyCall  # noqa: E402
-from draftwise.backends.invariance import probe_batch_invariance  # noqa: E402
+from draftwise.measure.invariance import probe_batch_invariance  # noqa: E402
 from draftwise.backends.llamacpp import LlamaCppBackend, LlamaCppBatch  # noqa: E402
 from draftwise.models import resolve  # noqa: E402
 from tests.integration.test_llamacpp_backend import make_round  # noqa: E402

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install draftwise[llamacpp])")
 
-from draftwise.backends.invariance import (  # noqa: E402
+from draftwise.measure.invariance import (  # noqa: E402
     InvarianceCase,
     InvarianceProbe,
     cached_probe,
@@ -250,7 +250,7 @@ def test_rounds_are_capped_at_the_probed_rows(strict, tmp_path):
     """A strict target verifies no more rows than its probe measured exact: the engine's rounds
     stay under the cap, and a larger round handed to the backend is refused."""
     from draftwise.backends.base import BackendError
-    from draftwise.backends.profile import chain_round
+    from draftwise.measure.profile import chain_round
 
     cap = strict.info.max_verify_rows
     strict.reset()
@@ -261,7 +261,7 @@ def test_rounds_are_capped_at_the_probed_rows(strict, tmp_path):
 
 
 def test_cached_probe_is_reused_and_a_tampered_one_remeasured(strict, tmp_path, monkeypatch):
-    import draftwise.backends.invariance as invariance
+    import draftwise.measure.invariance as invariance
 
     fake = InvarianceProbe("m", "llamacpp", "k", 2, "x", (InvarianceCase(40, "chain", 2, 0.0),))
     calls = []
@@ -307,7 +307,7 @@ def _fake_probe(diffs: dict[int, float]) -> InvarianceProbe:
 
 
 def test_load_strict_caps_rounds_at_the_probe_or_refuses(tmp_path, monkeypatch):
-    import draftwise.backends.invariance as invariance
+    import draftwise.measure.invariance as invariance
     from draftwise.backends.base import BackendError
 
     monkeypatch.setattr(invariance, "probe_invariance", lambda backend, shapes: _fake_probe({2: 0.0, 5: 0.0, 8: 0.4}))
@@ -327,7 +327,7 @@ def test_load_strict_for_chains_keeps_the_kernels_exact_up_to_more_rows(tmp_path
     better measured wins (Q4_K's repacked gemm splits rows 4 by 4, its unpacked one at 8)."""
     import dataclasses
 
-    import draftwise.backends.invariance as invariance
+    import draftwise.measure.invariance as invariance
 
     seen = []
 

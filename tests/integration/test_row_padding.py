@@ -1,5 +1,5 @@
-"""Verify forwards padded to a cheaper row count (`backends/row_padding.py`) compute what an
-unpadded forward computes: every verify's logits (chains, trees, a tree's next level, pending
+"""Verify forwards padded to a cheaper row count (`backends/row_padding.py`, measured by
+`measure/row_padding.py`) compute what an unpadded forward computes: every verify's logits (chains, trees, a tree's next level, pending
 only, hidden states) equal an unpadded twin's on the same weights, the cache holds no padding
 row afterwards (the next calls still match, and a commit keeps the same length), and greedy
 speculative decoding stays token-identical to plain decoding; in a batch the padded width
@@ -16,7 +16,8 @@ import torch
 
 from draftwise.backends import transformers_batch
 from draftwise.backends.batch import Extend, GrowRound, VerifyCall
-from draftwise.backends.row_padding import RowPadding, padded_rows
+from draftwise.backends.row_padding import RowPadding
+from draftwise.measure.row_padding import padded_rows
 from draftwise.backends.transformers import TransformersBackend
 from draftwise.build import build_decoder
 from draftwise.runtime.round import GenerationConfig

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from draftwise.api import open_decoder
-from draftwise.backends import dtype as dtype_module
-from draftwise.backends.dtype import DtypeTiming, choose_dtype
-from draftwise.backends.load import load_backend
+from draftwise.measure import dtype as dtype_module
+from draftwise.measure.dtype import DtypeTiming, choose_dtype
+from draftwise.measure.load import load_backend
 from draftwise.preflight import preflight
 from draftwise.runtime.round import GenerationConfig
 from draftwise.errors import InputError

@@ -413,7 +413,7 @@ def test_cli_import_and_export(tmp_path, monkeypatch, h):
     weights = _target()
     backend = _Target(weights, h[0].numpy())
     loaded = []
-    monkeypatch.setattr("draftwise.backends.load.load_backend", lambda name, kind: loaded.append((name, kind)) or backend)
+    monkeypatch.setattr("draftwise.measure.load.load_backend", lambda name, kind: loaded.append((name, kind)) or backend)
     tensors = write_fasterdecoding(tmp_path / "fd")
     runner = CliRunner()
     done = runner.invoke(heads_app, ["import", str(tmp_path / "fd"), "--out", str(tmp_path / "heads"),
@@ -445,7 +445,7 @@ def test_imported_heads_decode_exactly_on_the_embedded_model(tmp_path):
     """`heads import --target smollm2-135m` on a vLLM checkpoint sized for the model; decoding
     with the imported heads publishes plain greedy decoding's tokens."""
     import draftwise
-    from draftwise.backends.load import load_backend
+    from draftwise.measure.load import load_backend
 
     target = load_backend("smollm2-135m", "transformers")
     vocab, d = target.token_weights().lm_head.shape

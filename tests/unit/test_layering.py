@@ -7,7 +7,7 @@ straight down the stages (parse -> plan -> build), the build stage entered once.
     2  api        open_decoder: parse -> plan -> build
     3  parse      option strings -> a typed DecoderSpec, once, at the edge
     4  plan       every auto resolved (check, load, resolve)
-    5  optimize   the planner's measurements and searches
+    5  optimize, measure   the planner's measurements and searches
     6  build      a concrete spec on loaded backends -> a decoder; preflight (refusals before loading)
     7  runtime    spec, engine, gate, sampling, verify, topology, proposers, backends, heads, ...
 
@@ -28,7 +28,8 @@ PACKAGE = SRC / "draftwise"
 LAYERS = (("draftwise.cli", 0), ("draftwise.bench", 1), ("draftwise.oracles", 1), ("draftwise.training", 1), ("draftwise.vllm", 1),
           ("draftwise.serve", 1),
           ("draftwise.api", 2),
-          ("draftwise.parse", 3), ("draftwise.plan", 4), ("draftwise.optimize", 5), ("draftwise.build", 6),
+          ("draftwise.parse", 3), ("draftwise.plan", 4), ("draftwise.optimize", 5), ("draftwise.measure", 5),
+          ("draftwise.build", 6),
           ("draftwise.preflight", 6))
 RUNTIME = 7
 # inside the runtime, the roles that may not reach each other (a backend runs a model, a verifier
@@ -225,7 +226,7 @@ def test_the_walk_tracer_sees_real_calls_and_a_planted_climb():
 
 @pytest.fixture(scope="module")
 def tiny_with_profile(tmp_path_factory):
-    from draftwise.backends.profile import write_profile
+    from draftwise.measure.profile import write_profile
     from tests.integration.tiny_models import tiny_backend
 
     target = tiny_backend(0)

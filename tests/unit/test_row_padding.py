@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from draftwise.backends.row_padding import RowPadding, cached_row_padding
+from draftwise.backends.row_padding import RowPadding
+from draftwise.measure.row_padding import cached_row_padding
 from draftwise.artifacts import staged_artifact, write_manifest
 from draftwise.errors import InputError
 

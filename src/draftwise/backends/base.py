@@ -13,13 +13,18 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Literal, Protocol, Sequence
 
 import numpy as np
 
 from draftwise.errors import BackendError
 from draftwise.topology.compile import CompiledRound
 from draftwise.runtime.logits import TargetLogits
+
+# what a strict target must verify bit-exactly (llama.cpp's strict kernels, measured by the
+# invariance probe, `draftwise.measure.invariance`): chains only (a drafter that never branches,
+# and plain decoding), or chains and trees
+StrictScope = Literal["chains", "trees"]
 
 
 class ContextOverflow(BackendError):

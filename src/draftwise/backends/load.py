@@ -1,24 +1,19 @@
-"""Loading a backend for a model name: which backend runs it, with which threads, dtype and
-kernels.  The one loader every layer uses (planning, building, training, the CLI, the bench)."""
+"""Which backend runs a model name, and a loaded backend opened as a batch (of requests, or of
+a draft model's steps).  Loading one, with the measurements that configure it, is
+`draftwise.measure.load.load_backend`."""
 
 from __future__ import annotations
 
-import os
-from typing import TYPE_CHECKING, Callable, cast
+from typing import TYPE_CHECKING
 
 from draftwise.backends.base import Backend
-from draftwise.backends.dtype import DEFAULT_DTYPE, DtypeChoice, TorchDtype, check_dtype
 from draftwise.errors import InputError
-from draftwise.models import ResolvedModel, resolve
+from draftwise.models import ResolvedModel
 
 if TYPE_CHECKING:
     from draftwise.backends.batch import BatchBackend, DraftBatch
-    from draftwise.backends.invariance import StrictScope
 
 BACKENDS = ("auto", "transformers", "llamacpp")
-
-# (model name, backend name, role "target" or "draft") -> a loaded backend
-Loader = Callable[[str, str, str], Backend]
 
 
 def llamacpp_available() -> bool:
@@ -36,70 +31,6 @@ def choose_backend(name: str, model: ResolvedModel) -> str:
     if name != "auto":
         return name
     return "llamacpp" if model.kind == "gguf" and llamacpp_available() else "transformers"
-
-
-def load_backend(model_name: str, backend: str = "auto", threads: int | None = None, device: str = "cpu",
-                 dtype: DtypeChoice = DEFAULT_DTYPE, strict: StrictScope | None = None, pad_rows: bool = True) -> Backend:
-    """A backend for `model_name`; it sizes its own per-round resources when a decoder starts.
-    `dtype` is the transformers backend's (float32, bfloat16, or auto: the faster here, measured
-    once and cached); llama.cpp runs the GGUF's own types and takes only the default.  `strict`
-    ("chains" or "trees"): llama.cpp with the kernels whose verify rows of that shape are
-    bit-identical to plain decoding's, capped at the rows the invariance probe measured exact
-    (probed on first use, cached).  `pad_rows`: transformers verify forwards padded to the row
-    count measured fastest on this machine (`backends/row_padding.py`; measured once, cached)."""
-    check_dtype(dtype)  # before anything is loaded
-    model = resolve(model_name)
-    kind = choose_backend(backend, model)
-    if strict and kind != "llamacpp":
-        raise InputError(f"strict chooses the llama.cpp backend's kernels; {model_name!r} runs on {kind}")
-    if strict:
-        from draftwise.backends.invariance import load_strict
-
-        return load_strict(model, threads, scope=strict)
-    if kind == "llamacpp":
-        if model.kind != "gguf":
-            raise InputError(f"the llamacpp backend loads .gguf models; {model_name!r} is a {model.kind}")
-        if dtype != DEFAULT_DTYPE:
-            raise InputError(f"dtype {dtype} configures the transformers backend; llama.cpp computes in the GGUF's "
-                             "own types (pass --backend transformers, or leave dtype at its default)")
-        from draftwise.backends.llamacpp import LlamaCppBackend
-
-        return LlamaCppBackend.load(model, n_threads=threads)
-    import torch
-
-    from draftwise.backends.transformers import TransformersBackend
-
-    if threads:
-        torch.set_num_threads(threads)
-    if dtype == "auto":
-        from draftwise.backends.dtype import choose_dtype
-
-        chosen, _ = choose_dtype(lambda d: TransformersBackend.load(model, device=device, dtype=cast(TorchDtype, d)),
-                                 model.checkpoint_id, torch.get_num_threads(), device)
-        assert isinstance(chosen, TransformersBackend)
-        loaded = chosen
-    else:
-        loaded = TransformersBackend.load(model, device=device, dtype=dtype)
-    if pad_rows:
-        from draftwise.backends.dtype import default_cache_root
-        from draftwise.backends.row_padding import row_padding_for
-
-        loaded.row_padding = row_padding_for(loaded, default_cache_root())
-    return loaded
-
-
-def default_threads() -> int:
-    return os.cpu_count() or 1
-
-
-def default_loader(threads: int | None = None, device: str = "cpu", dtype: DtypeChoice = DEFAULT_DTYPE,
-                   strict: StrictScope | None = None) -> Loader:
-    """`load_backend` with a decoder's settings; `strict` is the target's: a draft's rows only
-    choose candidates, never what is published."""
-    def load(model: str, backend: str, role: str) -> Backend:
-        return load_backend(model, backend, threads, device=device, dtype=dtype,
-                            strict=strict if role == "target" else None)
-    return load
 
 
 def draft_batch(draft: Backend, max_slots: int) -> DraftBatch:

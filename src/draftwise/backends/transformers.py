@@ -39,7 +39,7 @@ class TransformersBackend(HiddenSlotView):
     # ---- loading -------------------------------------------------------------------------
     @classmethod
     def load(cls, model: ResolvedModel, device: str = "cpu", dtype: TorchDtype = DEFAULT_DTYPE) -> "TransformersBackend":
-        """The model in `dtype` (float32 or bfloat16; `auto` is settled by `draftwise.backends.load.load_backend`).
+        """The model in `dtype` (float32 or bfloat16; `auto` is settled by `draftwise.measure.load.load_backend`).
         A GGUF's float32 conversion is cast on load: the same bf16 weights a bf16 conversion would hold."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -6,7 +6,7 @@ import importlib.metadata as metadata
 import os
 import platform
 
-from draftwise.backends.dtype import cpu_bf16_flags
+from draftwise.measure.dtype import cpu_bf16_flags
 from draftwise.models import ModelError, resolve
 
 LIBRARIES = ("draftwise", "torch", "transformers", "llama_cpp_python", "numpy", "tokenizers")

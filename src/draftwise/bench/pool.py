@@ -8,15 +8,12 @@ with that reason instead of retrying.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
-from draftwise.backends.base import Backend
+from draftwise.backends.base import Backend, StrictScope
 from draftwise.backends.dtype import DEFAULT_DTYPE, DtypeChoice
 from draftwise.errors import ModelError
-from draftwise.backends.load import load_backend
-
-if TYPE_CHECKING:
-    from draftwise.backends.invariance import StrictScope
+from draftwise.measure.load import load_backend
 
 LOAD_ERRORS = (ImportError, OSError, ValueError, RuntimeError)
 LLAMA_N_CTX = 4096  # the draftwise llama.cpp backend's default context, so both see the same window

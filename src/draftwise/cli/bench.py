@@ -20,7 +20,7 @@ from draftwise.bench.methods import PEERS
 from draftwise.cli.bench_serve import serve_cmd
 from draftwise.cli.common import err, fail
 from draftwise.errors import DraftwiseError
-from draftwise.backends.load import default_threads
+from draftwise.measure.load import default_threads
 from draftwise.runtime.round import GenerationConfig
 from draftwise.models import DEFAULT_MODEL
 

@@ -182,7 +182,7 @@ def _exactness(target, prompt_ids: list[int], result: GenerationResult, plain: G
     from plain decoding, whether it parts at a near-tie within the probe's bound."""
     if target.info.name != "llamacpp":
         return {}
-    from draftwise.backends.invariance import cached_probe, find_divergence
+    from draftwise.measure.invariance import cached_probe, find_divergence
 
     probe = cached_probe(target)
     out = {"exactness": probe.statement()}

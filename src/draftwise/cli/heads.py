@@ -113,7 +113,7 @@ def import_heads(
 ) -> None:
     """Import Medusa heads from FasterDecoding/Medusa, text-generation-inference or vLLM (safetensors
     only: a .pt/.bin pickle is refused, never loaded)."""
-    from draftwise.backends.load import load_backend
+    from draftwise.measure.load import load_backend
     from draftwise.heads.interchange import import_medusa
 
     try:
@@ -143,7 +143,7 @@ def export_heads(
 ) -> None:
     """Export a Medusa head set in vLLM's layout.  vLLM drafts a top-1 chain through the heads;
     the tree (medusa_choices.json) is for runtimes that take Medusa choices."""
-    from draftwise.backends.load import load_backend
+    from draftwise.measure.load import load_backend
     from draftwise.heads.interchange import export_vllm
     from draftwise.optimize.select import load_tree_artifact
     from draftwise.topology.tree_spec import TreeArtifact, TreeTemplate, parse_tree

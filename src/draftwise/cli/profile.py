@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from draftwise.backends.load import load_backend
+from draftwise.measure.load import load_backend
 from draftwise.cli.common import DEFAULTS, DTYPE_HELP, dim, err, fail, int_list, quiet_llama_cpp
 from draftwise.errors import DraftwiseError
 from draftwise.logs import progress_to
@@ -53,7 +53,7 @@ def profile(
     """Measure t(n)/t(1), the target's verify time for n rows, and save it as an artifact."""
     from pathlib import Path
 
-    from draftwise.backends.profile import write_profile
+    from draftwise.measure.profile import write_profile
 
     quiet_llama_cpp()
     if strict is not None and strict not in ("chains", "trees"):
@@ -104,7 +104,7 @@ def _check_out(out, invariance: bool) -> None:
 
 def _probe_invariance(target: str, backend: str, threads: int | None, dtype: str, strict: str | None,
                       rows_list: str | None, max_rows: int, prefixes: str, out) -> None:
-    from draftwise.backends.invariance import DEFAULT_PREFIXES, DEFAULT_SIZES, SHAPES, cached_probe, probe_invariance
+    from draftwise.measure.invariance import DEFAULT_PREFIXES, DEFAULT_SIZES, SHAPES, cached_probe, probe_invariance
     from draftwise.bench.plots import plot_invariance
 
     sizes = int_list(rows_list, "--rows") if rows_list else tuple(n for n in DEFAULT_SIZES if n <= max_rows)

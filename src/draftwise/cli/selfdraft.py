@@ -29,7 +29,7 @@ def search(
     dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16"),
 ) -> None:
     """Search the skip set minimizing measured seconds per committed token (optuna TPE); resumable."""
-    from draftwise.backends.load import load_backend
+    from draftwise.measure.load import load_backend
     from draftwise.optimize.skip_search import SearchRecipe, development_prompts, search_skip, write_search
     from draftwise.workloads import parse_workload
     from draftwise.proposers.layer_skip import LayerSkipConfig
@@ -164,7 +164,7 @@ def adapter_tune(
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads"),
 ) -> None:
     """Choose the exit layer (adapter) and eta by measured seconds per committed token."""
-    from draftwise.backends.load import load_backend
+    from draftwise.measure.load import load_backend
     from draftwise.optimize.kangaroo_tune import ETA_GRID, tune_kangaroo
     from draftwise.workloads import first_turn_prompts
 

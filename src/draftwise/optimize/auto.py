@@ -26,8 +26,8 @@ from typing import Callable, Sequence
 
 from draftwise.artifacts import ArtifactError, read_manifest, stable_hash
 from draftwise.backends.base import Backend
-from draftwise.backends.profile import SAMPLING as PROFILE_SAMPLING, write_profile
-from draftwise.backends.row_padding import padded_rows
+from draftwise.measure.profile import SAMPLING as PROFILE_SAMPLING, write_profile
+from draftwise.measure.row_padding import padded_rows
 from draftwise.build import build_decoder
 from draftwise.runtime.round import GenerationConfig
 from draftwise.optimize.calibrate import (
@@ -150,7 +150,7 @@ def auto_batch_gate_profile(target: Backend, max_batch: int, max_rows: int, cach
     per request up to `max_rows`, measured on a batch backend over the loaded model on first use
     and cached per target, backend, dtype, threads and batch regime; returns its directory."""
     from draftwise.backends.load import open_batch
-    from draftwise.backends.profile import profile_batch_verify_cost
+    from draftwise.measure.profile import profile_batch_verify_cost
     from draftwise.runtime.cost_profile import BATCH_ARTIFACT_KIND, BatchCostProfile
 
     batches = batch_sizes_up_to(max_batch)

@@ -12,7 +12,7 @@ verify of a whole block can take less time than one of a row fewer (docs/trees-a
 `draftwise profile`), which a tree of that many rows can use.  A running-maximum envelope,
 used before, priced every n above such a dip (or above a noise spike) at the spike's cost, and
 so predicted wide rounds slower than they ran.
-Noise is kept down where it is measured (`backends.profile` spreads the repeats over passes).
+Noise is kept down where it is measured (`measure.profile` spreads the repeats over passes).
 Row counts outside the measured range are refused, not extrapolated.
 """
 

@@ -181,7 +181,7 @@ class AdapterRun:
 def run_adapter_training(run: AdapterRun) -> dict:
     """Cache the hidden states (shared with the heads pipeline), train, write the artifact."""
     from draftwise.artifacts import read_manifest, stable_hash
-    from draftwise.backends.load import load_backend
+    from draftwise.measure.load import load_backend
     from draftwise.selfdraft.adapter import KIND, AdapterTarget, save_adapter
     from draftwise.training.pipeline import TrainingRun, hidden_stream, work_dir
     from draftwise.training.train import TrainRecipe

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from draftwise.artifacts import read_manifest, stable_hash
-from draftwise.backends.load import load_backend
+from draftwise.measure.load import load_backend
 from draftwise.errors import ArtifactError
 from draftwise.heads.artifact import HeadTarget, save_heads
 from draftwise.models import cache_dir

@@ -11,7 +11,7 @@ from draftwise.runtime.cost_profile import BATCH_ARTIFACT_KIND, BatchCostProfile
 from draftwise.runtime.round import GenerationConfig
 from draftwise.optimize.auto import artifact_matches, auto_batch_gate_profile
 from draftwise.optimize.calibrate import calibration_hash
-from draftwise.plan import auto_cache_root
+from draftwise.measure import auto_cache_root
 from draftwise.spec import DecoderSpec
 from draftwise.vllm.checkpoint import vllm_checkpoint
 from draftwise.vllm.export import (DEFAULT_METHOD, ExportConfig, Workload, plan_export, speculative_config,

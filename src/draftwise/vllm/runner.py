@@ -110,7 +110,7 @@ def run_worker(request: WorkerRequest, environment: VllmEnvironment = VllmEnviro
 def run_profile(request: ProfileRequest, environment: VllmEnvironment = VllmEnvironment(),
                 log_path: Path | None = None) -> BatchCostProfile:
     """t_B(n) measured in vLLM's own kernels and scheduler (see ProfileRequest)."""
-    from draftwise.backends.profile import machine_description
+    from draftwise.measure.profile import machine_description
 
     body = _run(request.to_json(), environment, log_path)
     threads = environment.compute_threads

@@ -3,7 +3,7 @@ vs per request (forks, one extend per request per step); interleaved, 2 repeats.
 import time
 import statistics
 import torch
-from draftwise.backends.load import load_backend
+from draftwise.measure.load import load_backend
 from draftwise.backends.transformers_batch import TransformersBatch
 from draftwise.backends.batch import Extend
 from draftwise.workloads import first_turn_prompts

@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Callable
 
-from draftwise.backends.load import default_threads
+from draftwise.measure.load import default_threads
 from draftwise.bench.env import environment
 from draftwise.bench.serving.loadgen import CLOSED, CellRun, Endpoint, Load, Sampling, run_cell
 from draftwise.bench.serving.metrics import cell_metrics

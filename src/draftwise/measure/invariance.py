@@ -25,14 +25,14 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from draftwise.artifacts import read_manifest, staged_artifact, write_manifest
-from draftwise.backends.base import Backend
+from draftwise.backends.base import Backend, StrictScope
 from draftwise.backends.batch import BatchBackend, VerifyCall
-from draftwise.backends.profile import _PREFIX_TEXT, chain_round, machine_description, random_tree
+from draftwise.measure.profile import _PREFIX_TEXT, chain_round, machine_description, random_tree
 from draftwise.errors import InputError
 from draftwise.topology.compile import CompiledRound
 
@@ -43,9 +43,6 @@ DATA_FILE = "invariance.json"
 DEFAULT_PREFIXES = (40, 256, 700)
 DEFAULT_SIZES = tuple(range(2, 17))  # the rows of chains and trees the rounds use (gated rounds stay small)
 SHAPES = ("chain", "tree")
-# what a strict target must verify bit-exactly: chains only (a drafter that never branches, and
-# plain decoding), or chains and trees
-StrictScope = Literal["chains", "trees"]
 STRICT_SCOPES: tuple[StrictScope, ...] = ("chains", "trees")
 # a greedy divergence is explained by kernel rounding when plain decoding's top-2 margin at the
 # parting token is within what two rows can move apart: each logit by up to the probe's bound
