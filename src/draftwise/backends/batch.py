@@ -5,12 +5,12 @@ single-sequence state model of `draftwise.backends.base`: committed KV rows for 
 tokens, a provisional verify that `commit(slot, rows)` or `rollback(slot)` settles.  What is new
 is `verify_many`: the pending and candidate rows of every call (each for its own slot) are
 evaluated in one forward pass, and no row ever attends to a row of another slot (the linearized
-batch's `origin_request`, `draftwise.batch.SharedForward`, tells whose each row is; the backend's
+batch's `origin_request`, `draftwise.runtime.engine.SharedForward`, tells whose each row is; the backend's
 mask follows it).
 
 `SlotView` turns one slot into a `Backend`, so that everything written for one sequence (the
 engine's round, the proposers that read the target) runs on a slot unchanged: its `verify` is a
-forward of that slot alone, and the batch engine (`draftwise.batch`) instead collects every
+forward of that slot alone, and the engine (`draftwise.runtime.engine`) instead collects every
 request's `VerifyCall` and makes one `verify_many`.  Slots open and close between rounds (a
 closed slot's KV is freed at once, and a reopened slot starts empty: nothing of an earlier
 request is visible to it).

@@ -350,7 +350,7 @@ class LlamaCppBatch:
         if self._max_slots == 1:  # llama.cpp rounds n_ctx up: a lone slot's window is every cell
             self.slot_ctx = int(llama_cpp.llama_n_ctx(context.ctx))
             self.info = replace(self.info, context_length=self.slot_ctx)
-        self._batch = TokenArrays(_N_BATCH, n_seq)
+        self._tokens = TokenArrays(_N_BATCH, n_seq)
         self._embd_on = False
 
     def free(self) -> None:
@@ -476,8 +476,8 @@ class LlamaCppBatch:
             llama_cpp.llama_set_embeddings(self._ctx, embd)
             self._embd_on = embd
         self._fill(parts, embd)
-        padding = self._batch.pad_to(self.kernels.min_rows)
-        code = llama_cpp.llama_decode(self._ctx, self._batch.struct)
+        padding = self._tokens.pad_to(self.kernels.min_rows)
+        code = llama_cpp.llama_decode(self._ctx, self._tokens.struct)
         if padding is not None:
             sequences, first, end = padding
             for seq in sequences:  # the pad cells, and only them: nothing of the batch's own rows
@@ -509,11 +509,11 @@ class LlamaCppBatch:
         """The llama_batch of `parts`, in order; local sequence j of a slot is `_seq_base(slot) + j`."""
         if len(parts) == 1 and parts[0].member.shape == (1, 1):  # plain decoding's step: one row, main sequence
             part = parts[0]
-            self._batch.set_one(int(part.tokens[0]), int(part.positions[0]), self._seq_base(part.slot),
+            self._tokens.set_one(int(part.tokens[0]), int(part.positions[0]), self._seq_base(part.slot),
                                 all_outputs or part.outputs > 0)
             return
         rows = sum(len(p.tokens) for p in parts)
-        member = np.zeros((rows, self._batch.n_seq), dtype=bool)  # [R, S] row in (global) sequence?
+        member = np.zeros((rows, self._tokens.n_seq), dtype=bool)  # [R, S] row in (global) sequence?
         outputs = np.ones(rows, dtype=bool)
         r = 0
         for part in parts:
@@ -522,7 +522,7 @@ class LlamaCppBatch:
             if not all_outputs:
                 outputs[r : r + n - part.outputs] = False
             r += n
-        self._batch.set_rows(np.concatenate([p.tokens for p in parts]), np.concatenate([p.positions for p in parts]),
+        self._tokens.set_rows(np.concatenate([p.tokens for p in parts]), np.concatenate([p.positions for p in parts]),
                              member, outputs)
 
     # ---- verify ----------------------------------------------------------------------------

@@ -9,7 +9,7 @@ same policy the verifier applies to the target.
 
 A proposer that runs a model may also draft in steps (`SteppedProposer.drafting`): a generator
 that yields a `DraftRequest` wherever it needs its model's forward and is sent the answer.  The
-engine's round passes these requests up, so a batch (`draftwise.batch`) answers every request's
+engine's round passes these requests up, so the engine (`draftwise.runtime.engine`) answers every request's
 step with ONE call of the shared model (`Drafter.draft_many`), and a request decoded alone
 answers each at once (`answer_alone`).  `propose` is the same drafting answered inline.
 """
