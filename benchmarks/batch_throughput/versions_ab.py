@@ -66,12 +66,15 @@ def worker(args: argparse.Namespace) -> None:
         decoder, group = decoders[ask["method"]], [prompts[i] for i in ask["prompts"]]
         start = time.perf_counter()
         if ask["batch"] == 1:
-            outputs = [list(decoder.generate(p).tokens) for p in group]
+            results = [decoder.generate(p) for p in group]
         else:
             results = decoder.generate_many(group, max_batch=ask["batch"])
-            outputs = [list(r.tokens) if not isinstance(r, BaseException) else [] for r in results]
         seconds = time.perf_counter() - start
-        print(json.dumps({"tokens": sum(len(o) for o in outputs), "seconds": seconds, "outputs": outputs}), flush=True)
+        done = [r for r in results if not isinstance(r, BaseException)]
+        outputs = [list(r.tokens) if not isinstance(r, BaseException) else [] for r in results]
+        print(json.dumps({"tokens": sum(len(o) for o in outputs), "seconds": seconds, "outputs": outputs,
+                          "rounds": sum(r.stats.rounds for r in done),
+                          "drafted": sum(sum(r.from_draft) for r in done)}), flush=True)
 
 
 class Version:
@@ -139,8 +142,8 @@ def main(argv: list[str] | None = None) -> None:
         cells = {name: [] for name in workers}
         for method in args.methods.split(","):
             for batch in (int(b) for b in args.batches.split(",")):
-                totals = {name: {"method": method, "batch": batch, "tokens": 0, "seconds": 0.0, "outputs": []}
-                          for name in workers}
+                totals = {name: {"method": method, "batch": batch, "tokens": 0, "seconds": 0.0, "rounds": 0,
+                                 "drafted": 0, "outputs": []} for name in workers}
                 for g, first in enumerate(range(0, n, batch)):
                     group = list(range(first, min(first + batch, n)))
                     order = ("base", "new") if (g + repeat) % 2 == 0 else ("new", "base")
@@ -148,6 +151,8 @@ def main(argv: list[str] | None = None) -> None:
                         answer = workers[name].ask(method, batch, group)
                         totals[name]["tokens"] += answer["tokens"]
                         totals[name]["seconds"] += answer["seconds"]
+                        totals[name]["rounds"] += answer["rounds"]
+                        totals[name]["drafted"] += answer["drafted"]
                         totals[name]["outputs"] += answer["outputs"]
                 for name, cell in totals.items():
                     cell["tok_s"] = cell["tokens"] / cell["seconds"]
@@ -163,7 +168,8 @@ def main(argv: list[str] | None = None) -> None:
                        f"tokens, {args.threads} threads, {args.repeats} passes, versions alternating by group of B prompts)", "",
                        f"base: {versions['base']}; new: {versions['new']}", "",
                        "| method | B | base tok/s (median, range) | new tok/s (median, range) | new / base per pass "
-                       "(median, range) | outputs the same (per pass) |", "|---|---|---|---|---|---|"]
+                       "(median, range) | outputs the same (per pass) | rounds base / new (drafted tokens) |",
+                       "|---|---|---|---|---|---|---|"]
     for method in args.methods.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             base, new = ([c for p in passes if p["version"] == version for c in p["cells"]
@@ -175,8 +181,10 @@ def main(argv: list[str] | None = None) -> None:
                    "prompts": len(base[0]["outputs"])}
             rows.append(row)
 
+            rounds = " / ".join(f"{sum(c['rounds'] for c in cells) // len(cells)} ({sum(c['drafted'] for c in cells) // len(cells)})"
+                                for cells in (base, new))
             lines.append(f"| {method} | {batch} | {spread(row['base'])} | {spread(row['new'])} | "
-                         f"{spread(ratios, 3)} | {same} of {row['prompts']} |")
+                         f"{spread(ratios, 3)} | {same} of {row['prompts']} | {rounds} |")
     for p in passes:
         for c in p["cells"]:
             c.pop("outputs")

@@ -243,7 +243,7 @@ def test_a_draft_model_on_another_backend_is_refused_for_batches_by_name(tiny):
 
 @pytest.mark.model
 def test_real_model_batch_is_token_identical_to_plain_decoding(smol_target, smol_chat_and_plain):
-    """The embedded model, fp32: ten Spec-Bench chat prompts, four at a time, prompt lookup, each
+    """The embedded model, fp32: the Spec-Bench chat prompts, four at a time, prompt lookup, each
     request's greedy answer equal to its plain single-request answer."""
     from tests.integration.conftest import GREEDY_NEW
 

@@ -44,7 +44,7 @@ pytestmark = [pytest.mark.model, pytest.mark.llamacpp]
 HIDDEN_ATOL = 1.0  # |state - fresh extend's state|, elementwise (measured max 0.19 over 8 random commits)
 HEAD_ATOL = 1.0  # |LM head(state) - llama.cpp logits| of the same row (measured max 0.39)
 MAX_LEAVES = 8
-NEW = 16  # 10 prompts x 16 tokens: every family and shape still accepts and rejects
+NEW = 16  # REAL_PROMPTS prompts x 16 tokens: every family and shape still accepts and rejects
 CONTRACT = ProposerContract(ProbabilitySemantics.ABSENT, SamplingRelation.DETERMINISTIC_LOOKUP, TopologyKind.TREE)
 
 
@@ -261,29 +261,29 @@ def test_heads_decoder_identical_to_plain(backend, prompts_and_plain, tmp_path, 
 
 
 @pytest.fixture(scope="module")
-def ten_prompts_and_plain(backend, spec_bench_prompts):
-    prompts = [backend.chat_prompt([{"role": "user", "content": t}]) for t in spec_bench_prompts[:10]]
+def real_prompts_and_plain(backend, spec_bench_prompts):
+    prompts = [backend.chat_prompt([{"role": "user", "content": t}]) for t in spec_bench_prompts]
     config = GenerationConfig(max_new_tokens=NEW)
     return prompts, [SpeculativeDecoder(backend, [], GreedyVerifier(), config).generate(p).tokens for p in prompts]
 
 
-# each family once, chains and trees both covered (~25 s a case: the suite's largest; every
+# each family once, chains and trees both covered (the suite's largest cases; every
 # family's chain and tree are also token-identical on transformers, test_heads_smollm.py)
 @pytest.mark.parametrize("family,tree", [("hydra", None), ("medusa", "wbd:2,1"), ("hydra++", None), ("clover", "wbd:2,1")])
-def test_shipped_heads_on_llamacpp_match_plain_on_ten_spec_bench_prompts(backend, ten_prompts_and_plain, family, tree):
+def test_shipped_heads_on_llamacpp_match_plain_on_spec_bench_prompts(backend, real_prompts_and_plain, family, tree):
     """The committed heads of the embedded model, read from llama.cpp's embeddings: greedy output
     equals plain decoding (up to llama.cpp's batch-shape near-ties) and drafts are accepted."""
     from draftwise.heads.defaults import default_heads
 
     headset = load_heads(default_heads(family, backend.info.checkpoint))
     proposer = HeadsProposer(family, backend, headset, HeadsConfig(tree=None if tree is None else parse_tree(tree)))
-    prompts, plain = ten_prompts_and_plain
+    prompts, plain = real_prompts_and_plain
     accepted = 0
     for prompt, reference in zip(prompts, plain):
         result = SpeculativeDecoder(backend, [proposer], GreedyVerifier(), GenerationConfig(max_new_tokens=NEW)).generate(prompt)
         assert_matches_plain(backend, prompt, result.tokens, reference)
         accepted += sum(r.accepted for r in result.records)
-    assert accepted > 0  # trained heads: some drafts of the ten prompts were right
+    assert accepted > 0  # trained heads: some drafts of the prompts were right
 
 
 def test_heads_draft_for_a_llamacpp_batch_and_part_from_plain_only_at_near_ties(backend):

@@ -4,7 +4,7 @@ The default kernels are not batch-invariant (the probe finds rows that differ fr
 decoding); with STRICT_TREE_KERNELS the probe finds every probed row bit-identical, and then every
 drafter's greedy output is EXACTLY plain decoding's (no near-tie allowance, unlike
 test_llamacpp_engine.py): prompt lookup (chain and tree), the cost gate, REST and a draft model,
-on the 10 Spec-Bench development prompts.  With STRICT_CHAIN_KERNELS (flash attention off) chains
+on the Spec-Bench development prompts (conftest.REAL_PROMPTS).  With STRICT_CHAIN_KERNELS (flash attention off) chains
 are bit-identical and trees are not, and the chain drafters equal their plain decoding exactly.
 A planted fault (one verify row moved by 1e-6) is what the probe must catch.
 """

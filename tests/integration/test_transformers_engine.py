@@ -9,9 +9,10 @@ from draftwise.proposers.prompt_lookup import PromptLookupConfig, PromptLookupPr
 from draftwise.topology.templates import parse_template
 from draftwise.verify.registry import make_verifier
 from draftwise.topology.tree_spec import TreeTemplate
+from tests.integration.conftest import GREEDY_NEW
 
 pytestmark = pytest.mark.model
-NEW = 24
+NEW = GREEDY_NEW
 CONFIG = GenerationConfig(max_new_tokens=NEW)
 
 
@@ -21,9 +22,9 @@ def run(target, proposers, prompt, config=CONFIG, verifier="auto"):
 
 
 @pytest.fixture(scope="module")
-def prompts_and_plain(smol_target, spec_bench_prompts):
-    prompts = [smol_target.chat_prompt([{"role": "user", "content": t}]) for t in spec_bench_prompts]
-    return prompts, [run(smol_target, [], p).tokens for p in prompts]
+def prompts_and_plain(smol_chat_and_plain):
+    """The session's chat prompts and their plain greedy answers of NEW tokens."""
+    return [p for p, _ in smol_chat_and_plain], [t for _, t in smol_chat_and_plain]
 
 
 def test_plain_matches_transformers_generate(smol_target, prompts_and_plain):
