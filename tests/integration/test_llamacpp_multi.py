@@ -372,7 +372,7 @@ def draft_many_scenario(single: LlamaCppBackend, batch: LlamaCppBatch, tol: floa
     return checked
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def long_single():
     b = LlamaCppBackend.load(resolve("smollm2-135m"), n_threads=1, n_ctx=1024, max_tree_leaves=LEAVES)
     yield b
