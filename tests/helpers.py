@@ -180,3 +180,15 @@ def rows_differ(got: Any, want: Any, factor: float = KERNEL_ORDER_FACTOR, comput
     if diff[worst] > bound[worst]:
         return f"differ by {diff[worst]:.3g} in row {worst}, over the rounding bound {bound[worst]:.3g}"
     return None
+
+
+def padding_columns_opened(visible_rows):
+    """A planted fault for a transformers batch's mask: `visible_rows` with every real row also
+    seeing the columns past its own rows (the padding of a shorter call or of a padded forward)."""
+    def leaky(entries, past, width):
+        visible = visible_rows(entries, past, width)
+        for j, (_, call) in enumerate(entries):
+            if call is not None:
+                visible[j, : call.rows, past + call.rows :] = True
+        return visible
+    return leaky

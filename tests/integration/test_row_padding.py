@@ -22,7 +22,7 @@ from draftwise.backends.transformers import TransformersBackend
 from draftwise.build import build_decoder
 from draftwise.runtime.round import GenerationConfig
 from draftwise.topology.compile import compile_round
-from tests.helpers import make_spec, path_to, result_from_paths
+from tests.helpers import make_spec, padding_columns_opened, path_to, result_from_paths
 from draftwise.backends.transformers_batch import TransformersBatch
 from tests.integration.test_batch_drafting import tree_levels
 from tests.integration.test_transformers_batch import Mirror, assert_same, scenario, solo_of, start
@@ -134,16 +134,7 @@ def test_a_padded_backend_computes_what_an_unpadded_one_does(track):
 
 def test_padding_rows_real_rows_can_see_are_caught(monkeypatch):
     """Planted fault: the padding rows' columns left open to the real rows of a tree."""
-    original = transformers_batch.visible_rows
-
-    def open_columns(entries, past, width):
-        visible = original(entries, past, width)
-        for j, (_, call) in enumerate(entries):
-            if call is not None:
-                visible[j, : call.rows, past + call.rows :] = True
-        return visible
-
-    monkeypatch.setattr(transformers_batch, "visible_rows", open_columns)
+    monkeypatch.setattr(transformers_batch, "visible_rows", padding_columns_opened(transformers_batch.visible_rows))
     base = tiny_backend(0)
     with pytest.raises(AssertionError, match="logits differ|argmax"):
         run_pair(padded_twin(base), solo_of(base))

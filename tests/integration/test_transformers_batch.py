@@ -20,7 +20,7 @@ from draftwise.backends.batch import SlotView, VerifyCall
 from draftwise.backends.transformers import TransformersBackend, kv_row_bytes
 from draftwise.backends.transformers_batch import TransformersBatch
 from draftwise.topology.compile import compile_round
-from tests.helpers import assert_rows_close, path_to, result_from_paths
+from tests.helpers import assert_rows_close, padding_columns_opened, path_to, result_from_paths
 from tests.integration.tiny_models import V, tiny_backend
 
 
@@ -430,16 +430,7 @@ def test_planted_mask_showing_a_slot_its_padding_is_caught(monkeypatch):
 def test_planted_padding_rows_visible_to_a_short_call_are_caught(monkeypatch):
     """Fault: in the shared forward, the rows of a call shorter than the longest see the
     padding rows after them (token 0 at position 0: finite keys that are no part of the slot)."""
-    real = transformers_batch.visible_rows
-
-    def leaky(entries, past, width):
-        visible = real(entries, past, width)
-        for j, (_, call) in enumerate(entries):
-            if call is not None:
-                visible[j, : call.rows, past + call.rows :] = True
-        return visible
-
-    monkeypatch.setattr(transformers_batch, "visible_rows", leaky)
+    monkeypatch.setattr(transformers_batch, "visible_rows", padding_columns_opened(transformers_batch.visible_rows))
     with pytest.raises(AssertionError, match="logits differ"):
         scenario()
 
